@@ -1,0 +1,114 @@
+"""`cuda-agent`: the command line. Each subcommand parses its flags and calls one function."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from cuda_agent import __version__
+
+
+class UsageError(Exception):
+    """A user mistake: one clear sentence, exit code 2."""
+
+
+def _pick_task(path: str, name: str | None):  # type: ignore[no-untyped-def]
+    from cuda_agent.tasks import find_task, load_tasks
+
+    p = Path(path)
+    if p.is_dir() and (p / "model.py").is_file() and (p / "utils").is_dir():
+        from cuda_agent.workspace import load_record
+
+        return load_record(p).task
+    tasks = load_tasks(p)
+    if name:
+        return find_task(tasks, name)
+    if len(tasks) != 1:
+        raise UsageError(f"{path} holds {len(tasks)} tasks; choose one with --task NAME")
+    return tasks[0]
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
+    from cuda_agent.evaluator.solution import load_solution
+
+    task = _pick_task(args.task, args.task_name)
+    solution = load_solution(args.solution)
+    opts = EvalOptions(
+        device=args.device, atol=args.atol, rtol=args.rtol, seed=args.seed, sandbox=not args.no_sandbox,
+        trials=args.trials, run_timeout_s=args.timeout, build_timeout_s=args.build_timeout,
+        gpu_index=args.gpu, arch=args.arch,
+    )
+    result = evaluate(task, solution, opts)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(result.summary())
+    return 0
+
+
+def cmd_workspace(args: argparse.Namespace) -> int:
+    from cuda_agent.workspace import create_workspace
+
+    task = _pick_task(args.task, args.task_name)
+    ws = create_workspace(task, args.dir, args.device, force=args.force)
+    print(f"workspace for {task.name} ({args.device}) at {ws}")
+    print("inside it: bash utils/compile.sh; python3 -m utils.verification; python3 -m utils.profiling")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="cuda-agent", description="Write, verify and reward custom kernels.")
+    ap.add_argument("--version", action="version", version=f"cuda-agent {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="evaluate one solution for one task")
+    ev.add_argument("task", help="task file (KernelBench format), a folder/JSONL/parquet with --task, or a workspace")
+    ev.add_argument("solution", help="workspace directory (model_new.py + kernels/) or a single model_new.py")
+    ev.add_argument("--task", dest="task_name", help="task name or id when TASK holds several")
+    ev.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.add_argument("--atol", type=float, default=1e-2)
+    ev.add_argument("--rtol", type=float, default=1e-2)
+    ev.add_argument("--seed", type=int, default=None, help="fix the trial seeds (default: random, recorded)")
+    ev.add_argument("--trials", type=int, default=5)
+    ev.add_argument("--timeout", type=float, default=300.0, help="seconds for the candidate process")
+    ev.add_argument("--build-timeout", type=float, default=600.0)
+    ev.add_argument("--gpu", type=int, default=0, help="GPU index to evaluate on")
+    ev.add_argument("--arch", default=None, help="CUDA compute capability, e.g. 9.0 (default: detected)")
+    ev.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (unsafe)")
+    ev.set_defaults(func=cmd_eval)
+
+    ws = sub.add_parser("workspace", help="create an agent workspace for a task")
+    ws.add_argument("task")
+    ws.add_argument("dir")
+    ws.add_argument("--task", dest="task_name")
+    ws.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ws.add_argument("--force", action="store_true", help="refresh the locked files of an existing workspace")
+    ws.set_defaults(func=cmd_workspace)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    from cuda_agent.evaluator.solution import SolutionError
+    from cuda_agent.sandbox import SandboxUnavailable
+    from cuda_agent.tasks import TaskError
+    from cuda_agent.workspace import WorkspaceError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (UsageError, TaskError, SolutionError, SandboxUnavailable, WorkspaceError, ValueError) as exc:
+        print(f"cuda-agent: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

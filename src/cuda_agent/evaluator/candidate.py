@@ -1,0 +1,189 @@
+"""Candidate process: imports `model_new.py` and the built extension, runs the trials.
+
+`python -m cuda_agent.evaluator.candidate SPEC.json` runs inside the sandbox with only
+its run directory writable. It never sees the expected outputs: it writes each trial's
+outputs (and what the runtime guards saw) to `out/`, and the trusted parent compares.
+Files here are read by the parent with `torch.load(weights_only=True)` and plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+_progress_path: Path | None = None
+
+
+def _progress(phase: str, **extra: Any) -> None:
+    if _progress_path is not None:
+        _progress_path.write_text(json.dumps({"phase": phase, **extra}))
+
+
+def _load_extension(name: str, path: str) -> Any:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
+
+
+def _storage_span(t: Any) -> tuple[int, int]:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.data_ptr() + st.nbytes()
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(torch.equal(a, b))
+
+
+def main(spec_path: str) -> int:
+    global _progress_path
+    spec = json.loads(Path(spec_path).read_text())
+    run_dir = Path(spec["run_dir"])
+    out = run_dir / "out"
+    _progress_path = out / "progress.json"
+    report: dict[str, Any] = {"trials": [], "ok": False}
+
+    def finish(**fields: Any) -> int:
+        report.update(fields)
+        (out / "report.json").write_text(json.dumps(report))
+        return 0
+
+    try:
+        _progress("import torch")
+        import torch  # noqa: F401  (imported before any candidate code)
+
+        from cuda_agent.evaluator import guards
+        from cuda_agent.evaluator.tensors import describe, seed_all, tensors, to_device, tree_map
+
+        device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
+        if device.type == "cuda":
+            torch.cuda.init()
+        inputs_dir = Path(spec["inputs_dir"])
+        modules = []
+        _progress("load extension")
+        for ext in spec["extensions"]:
+            try:
+                modules.append(_load_extension(ext["name"], ext["so_path"]))
+            except Exception as exc:
+                return finish(error="runtime", phase="load extension",
+                              message=f"the built extension {ext['name']} failed to load: {type(exc).__name__}: {exc}")
+        if spec["format"] == "single_file":
+            import torch.utils.cpp_extension as ce
+
+            by_name = {m.__name__: m for m in modules}
+
+            def prebuilt(name: str, *args: Any, **kwargs: Any) -> Any:
+                if name not in by_name:
+                    raise RuntimeError(f"load_inline(name={name!r}) was not seen at build time")
+                return by_name[name]
+
+            ce.load_inline = prebuilt  # type: ignore[assignment]
+            ce.load = prebuilt  # type: ignore[assignment]
+
+        _progress("import model_new.py")
+        sys.path.insert(0, str(run_dir))
+        try:
+            import model_new  # type: ignore[import-not-found]
+        except BaseException as exc:
+            return finish(error="runtime", phase="import model_new.py",
+                          message=f"model_new.py failed to import: {type(exc).__name__}: {exc}",
+                          traceback=traceback.format_exc(limit=6)[-3000:])
+        ModelNew = getattr(model_new, "ModelNew", None)
+        if not isinstance(ModelNew, type) or not issubclass(ModelNew, torch.nn.Module):
+            return finish(error="rejected", rule="missing-modelnew",
+                          message="model_new.py defines no class ModelNew(nn.Module).")
+
+        _progress("ModelNew(*get_init_inputs())")
+        init_inputs = torch.load(inputs_dir / "init_inputs.pt", weights_only=True)
+        seed_all(spec["init_seed"])
+        try:
+            model = ModelNew(*init_inputs).eval().to(device)
+        except BaseException as exc:
+            return finish(error="runtime", phase="ModelNew.__init__",
+                          message=f"ModelNew(*get_init_inputs()) raised {type(exc).__name__}: {exc}",
+                          traceback=traceback.format_exc(limit=6)[-3000:])
+        state = torch.load(inputs_dir / "state_dict.pt", weights_only=True)
+        mine = model.state_dict()
+        missing = sorted(set(state) - set(mine))
+        unexpected = sorted(set(mine) - set(state))
+        shapes = [f"{k}: reference {list(state[k].shape)}, ModelNew {list(mine[k].shape)}"
+                  for k in sorted(set(state) & set(mine)) if state[k].shape != mine[k].shape]
+        if missing or unexpected or shapes:
+            parts = []
+            if missing:
+                parts.append(f"missing in ModelNew: {', '.join(missing[:8])}")
+            if unexpected:
+                parts.append(f"not in Model: {', '.join(unexpected[:8])}")
+            if shapes:
+                parts.append("shape mismatch: " + "; ".join(shapes[:4]))
+            return finish(error="incorrect", rule="parameter-mismatch",
+                          message="ModelNew's parameters do not match Model's state_dict (" + "; ".join(parts)
+                          + "). Keep the same parameters and buffers, with the same names and shapes.")
+        model.load_state_dict(state, strict=True)
+
+        for k in range(spec["trials"]):
+            _progress("trial", trial=k + 1)
+            cpu_inputs = torch.load(inputs_dir / f"inputs_{k}.pt", weights_only=True)
+            inputs = to_device(cpu_inputs, device)
+            pristine = tree_map(inputs, lambda t: t.clone())
+            g = guards.GuardReport()
+            trial: dict[str, Any] = {"trial": k + 1}
+            report["trials"].append(trial)
+            t0 = time.perf_counter()
+            try:
+                result = guards.call_guarded(model, inputs, g, modules)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            except BaseException as exc:
+                trial["guard"] = g.first_violation()
+                trial["exception"] = f"{type(exc).__name__}: {exc}"[:3000]
+                trial["traceback"] = traceback.format_exc(limit=6)[-3000:]
+                return finish(error="forward")
+            trial["forward_s"] = time.perf_counter() - t0
+            trial["guard"] = g.first_violation()
+            trial["extension_calls"] = g.extension_calls
+            trial["ops"] = g.ops_seen
+            trial["structure"] = describe(result)
+            in_spans = [(p, _storage_span(t)) for p, t in tensors(inputs, "input")]
+            aliases = []
+            for p, t in tensors(result):
+                lo, hi = _storage_span(t)
+                for ip, (ilo, ihi) in in_spans:
+                    if lo < ihi and ilo < hi and hi > lo:
+                        aliases.append(f"{p} shares memory with {ip}")
+            trial["aliases"] = aliases
+            mutated = [p for (p, a), (_, b) in zip(tensors(inputs, "input"), tensors(pristine, "input"))
+                       if not _same(a, b)]
+            trial["mutated_inputs"] = mutated
+            exact = all(type(t) is torch.Tensor for _, t in tensors(result))
+            trial["exact_types"] = exact
+            if exact:
+                torch.save(tree_map(result, lambda t: t.detach().to("cpu").clone()), out / f"out_{k}.pt")
+            (out / "report.json").write_text(json.dumps(report))
+            if trial["guard"] or aliases or mutated or not exact or g.extension_calls == 0:
+                return finish(error="checks")
+            del result, inputs, pristine
+        return finish(ok=True)
+    except BaseException as exc:
+        return finish(error="runtime", phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],
+                      traceback=traceback.format_exc(limit=8)[-3000:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,376 @@
+"""The trusted evaluator: task + solution + device -> one `EvalResult`.
+
+    static checks -> build (sandboxed, cached)  -> candidate process (sandboxed) -> compare
+                  \\-> reference process (sandboxed, runs beside the build) --------/
+
+Every candidate-touching step runs in its own sandboxed process; whatever the candidate
+does (crash, hang, fork bomb, hostile file writes) ends as a verdict here, never as an
+exception that escapes `evaluate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuda_agent import sandbox
+from cuda_agent.evaluator import build as B
+from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator.solution import SINGLE_FILE, Solution
+from cuda_agent.evaluator.static_checks import check_solution
+from cuda_agent.paths import cache_dir
+from cuda_agent.tasks import Task, TaskError
+
+
+@dataclass
+class EvalOptions:
+    device: str = "auto"  # "cuda" | "cpu" | "auto"
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    trials: int = 5
+    seed: int | None = None  # None: fresh random seeds per evaluation (recorded in the result)
+    sandbox: bool = True
+    gpu_index: int = 0
+    arch: str | None = None
+    build_timeout_s: float = 600.0
+    run_timeout_s: float = 300.0
+    max_processes: int = 512
+    build_key: str | None = None  # which kept build directory to use; default: the solution's origin
+    keep_run_dir: bool = False
+    jobs: int | None = None
+    static_checks: bool = True  # off only to test that the runtime checks stand on their own
+
+
+@dataclass
+class BuildOutcome:
+    ok: bool
+    extensions: list[dict[str, str]] = field(default_factory=list)
+    message: str = ""
+    status: str = R.COMPILE_ERROR
+    rule: str | None = None
+    cached: bool = True
+    rebuilt: list[str] = field(default_factory=list)
+
+
+def resolve_device(device: str) -> str:
+    if device in ("cuda", "cpu"):
+        return device
+    if device != "auto":
+        raise ValueError(f"unknown device {device!r}; use cuda, cpu or auto")
+    if shutil.which("nvidia-smi") is None and not Path("/dev/nvidia0").exists():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.SandboxConfig:
+    return sandbox.SandboxConfig(
+        enabled=opts.sandbox, timeout_s=timeout, max_processes=opts.max_processes,
+        gpu_index=opts.gpu_index if device == "cuda" else None,
+    )
+
+
+def _python_env(device: str) -> dict[str, str]:
+    env = {"PYTHONHASHSEED": "0", "TORCH_SHOW_CPP_STACKTRACES": "0", "OMP_WAIT_POLICY": "PASSIVE"}
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    if device == "cuda":
+        env["CUDA_MODULE_LOADING"] = "LAZY"
+    return env
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Evaluation:
+    """One evaluation; `run()` returns the record. Split into steps for readability."""
+
+    def __init__(self, task: Task, solution: Solution, opts: EvalOptions) -> None:
+        self.task = task
+        self.solution = solution
+        self.opts = opts
+        self.device = resolve_device(opts.device)
+        if opts.seed is None:
+            rng = random.SystemRandom()
+            self.init_seed = rng.randrange(2**31)
+            self.seeds = [rng.randrange(2**31) for _ in range(opts.trials)]
+        else:
+            self.init_seed = opts.seed
+            self.seeds = [opts.seed + 1 + k for k in range(opts.trials)]
+        self.timings: dict[str, float] = {}
+        self.work = Path(tempfile.mkdtemp(prefix="eval-", dir=cache_dir("runs")))
+        os.chmod(self.work, 0o755)
+
+    def result(self, status: str, message: str, **kw: Any) -> R.EvalResult:
+        return R.EvalResult(
+            status=status, message=message, task_id=self.task.id, task_name=self.task.name,
+            device=self.device, seeds=[self.init_seed, *self.seeds], trials=self.opts.trials,
+            timings_s={k: round(v, 3) for k, v in self.timings.items()},
+            solution_hash=self.solution.content_hash, solution_format=self.solution.format,
+            sandboxed=self.opts.sandbox, **kw,
+        )
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def start_reference(self) -> threading.Thread:
+        shared = self.work / "shared"
+        private = self.work / "private"
+        shared.mkdir()
+        private.mkdir()
+        task_path = private / "model.py"
+        task_path.write_text(self.task.code)
+        spec = {"task_path": str(task_path), "task_name": self.task.name, "shared_dir": str(shared),
+                "private_dir": str(private), "device": self.device, "seeds": self.seeds,
+                "init_seed": self.init_seed}
+        spec_path = private / "reference_spec.json"
+        spec_path.write_text(json.dumps(spec))
+        self.reference_run: sandbox.RunResult | None = None
+
+        def go() -> None:
+            t0 = time.perf_counter()
+            self.reference_run = sandbox.run(
+                [sys.executable, "-m", "cuda_agent.evaluator.reference", str(spec_path)],
+                cwd=private, writable=[shared, private], env=_python_env(self.device),
+                config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
+            )
+            self.timings["reference"] = time.perf_counter() - t0
+
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        return th
+
+    def reference_outcome(self) -> dict[str, Any]:
+        status = _read_json(self.work / "private" / "reference.json")
+        run = self.reference_run
+        if status is None or not status.get("ok"):
+            if status is not None:
+                why = f"{status.get('error')} in {status.get('phase')}"
+            elif run is not None and run.timed_out:
+                why = f"timed out after {self.opts.run_timeout_s:g} s"
+            else:
+                why = (run.describe() if run else "did not run") + (
+                    f": {run.stderr.strip()[-800:]}" if run and run.stderr.strip() else "")
+            raise TaskError(f"task {self.task.name} failed to run its reference Model: {why}")
+        return status
+
+    def build(self) -> BuildOutcome:
+        opts = self.opts
+        bopts = B.BuildOptions(
+            device=self.device, timeout_s=opts.build_timeout_s, arch=opts.arch, gpu_index=opts.gpu_index,
+            jobs=opts.jobs, sandbox=_sandbox_config(opts, opts.build_timeout_s, self.device),
+        )
+        key = opts.build_key or self.solution.origin
+        if self.solution.format == SINGLE_FILE:
+            specs_or_error = self.capture_inline()
+            if isinstance(specs_or_error, BuildOutcome):
+                return specs_or_error
+            specs = specs_or_error
+        else:
+            specs = [B.workspace_extension(self.solution, self.device)]
+        outcome = BuildOutcome(ok=True)
+        for spec in specs:
+            res = B.build_extension(spec, bopts, key)
+            outcome.cached &= res.cached
+            outcome.rebuilt += res.rebuilt
+            if not res.ok:
+                status = R.TIMEOUT if res.timed_out else R.COMPILE_ERROR
+                return BuildOutcome(ok=False, message=res.message, status=status, cached=False)
+            outcome.extensions.append({"name": spec.name, "so_path": str(res.so_path)})
+        return outcome
+
+    def capture_inline(self) -> list[B.ExtensionSpec] | BuildOutcome:
+        d = self.work / "capture"
+        d.mkdir()
+        (d / "model_new.py").write_text(self.solution.model_new)
+        out = d / "calls.json"
+        run = sandbox.run(
+            [sys.executable, "-m", "cuda_agent.evaluator.inline_capture", str(d), str(out)],
+            cwd=d, writable=[d], env=_python_env(self.device),
+            config=_sandbox_config(self.opts, self.opts.run_timeout_s, "cpu"),
+        )
+        data = _read_json(out)
+        if run.timed_out:
+            return BuildOutcome(ok=False, status=R.TIMEOUT,
+                                message=f"importing model_new.py timed out after {self.opts.run_timeout_s:g} s")
+        if data is None:
+            return BuildOutcome(ok=False, status=R.RUNTIME_ERROR,
+                                message=f"importing model_new.py to find its load_inline call {run.describe()}")
+        calls = data.get("calls") or []
+        if not data.get("ok") and not calls:
+            return BuildOutcome(ok=False, status=R.RUNTIME_ERROR,
+                                message=f"model_new.py failed before calling load_inline: {data.get('error')}")
+        if not calls:
+            return BuildOutcome(ok=False, status=R.REJECTED, rule=R.RULE_NO_EXTENSION,
+                                message="model_new.py never calls load_inline, so it builds no extension.")
+        return [B.inline_extension(c, self.device) for c in calls if isinstance(c, dict)]
+
+    def run_candidate(self, extensions: list[dict[str, str]]) -> tuple[sandbox.RunResult, Path]:
+        run_dir = self.work / "run"
+        (run_dir / "out").mkdir(parents=True)
+        for rel, text in self.solution.files.items():
+            p = run_dir / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+        spec = {"run_dir": str(run_dir), "inputs_dir": str(self.work / "shared"), "device": self.device,
+                "trials": self.opts.trials, "init_seed": self.init_seed, "format": self.solution.format,
+                "extensions": extensions}
+        spec_path = self.work / "candidate_spec.json"
+        spec_path.write_text(json.dumps(spec))
+        readonly: list[Path | tuple[Path, str]] = [self.work / "shared", spec_path]
+        readonly += [Path(e["so_path"]).parent for e in extensions]
+        t0 = time.perf_counter()
+        run = sandbox.run(
+            [sys.executable, "-m", "cuda_agent.evaluator.candidate", str(spec_path)],
+            cwd=run_dir, writable=[run_dir], readonly=readonly, env=_python_env(self.device),
+            config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
+        )
+        self.timings["verify"] = time.perf_counter() - t0
+        return run, run_dir
+
+    def judge(self, run: sandbox.RunResult, run_dir: Path, reference: dict[str, Any]) -> R.EvalResult:
+        import torch
+
+        from cuda_agent.evaluator.compare import compare_devices, compare_outputs
+
+        out = run_dir / "out"
+        report = _read_json(out / "report.json")
+        progress = _read_json(out / "progress.json") or {}
+        where = progress.get("phase", "start-up")
+        if progress.get("trial"):
+            where = f"trial {progress['trial']}"
+        if run.timed_out:
+            return self.result(R.TIMEOUT, f"the candidate did not finish within {self.opts.run_timeout_s:g} s "
+                               f"(during {where}); look for an infinite loop or a hung kernel.")
+        if report is None:
+            tail = run.stderr.strip()[-1500:]
+            return self.result(R.RUNTIME_ERROR, f"the candidate process {run.describe()} during {where}"
+                               + (f"; stderr ends with:\n{tail}" if tail else "."),
+                               details={"signal": run.signal, "returncode": run.returncode})
+        error = report.get("error")
+        trials = report.get("trials") or []
+        passed = 0
+        if error in ("runtime",):
+            return self.result(R.RUNTIME_ERROR, report.get("message", "runtime error"),
+                               details={"traceback": report.get("traceback", "")})
+        if error in ("rejected", "incorrect"):
+            status = R.REJECTED if error == "rejected" else R.INCORRECT
+            return self.result(status, report.get("message", ""), rule=report.get("rule"))
+        structures = reference.get("structures") or []
+        for k, trial in enumerate(trials):
+            label = f"trial {trial.get('trial', k + 1)} of {self.opts.trials}"
+            guard = trial.get("guard")
+            if guard:
+                return self.result(R.REJECTED, f"{label}: {guard[1]}", rule=guard[0], trials_passed=passed)
+            if "exception" in trial:
+                return self.result(R.RUNTIME_ERROR, f"{label}: ModelNew.forward raised {trial['exception']}",
+                                   details={"traceback": trial.get("traceback", "")}, trials_passed=passed)
+            if trial.get("extension_calls", 0) == 0:
+                return self.result(R.REJECTED, f"{label}: ModelNew.forward never called into the compiled "
+                                   "extension; the work must be done by your kernels.",
+                                   rule=R.RULE_NO_EXTENSION, trials_passed=passed)
+            if not trial.get("exact_types", False):
+                return self.result(R.REJECTED, f"{label}: outputs must be plain torch.Tensor objects, got "
+                                   f"{_types(trial.get('structure'))}.", rule=R.RULE_OUTPUT_TYPE,
+                                   trials_passed=passed)
+            if trial.get("aliases"):
+                return self.result(R.REJECTED, f"{label}: {trial['aliases'][0]}; outputs must be new tensors, "
+                                   "not views of inputs.", rule=R.RULE_OUTPUT_ALIAS, trials_passed=passed)
+            if trial.get("mutated_inputs"):
+                return self.result(R.REJECTED, f"{label}: ModelNew changed its input "
+                                   f"{trial['mutated_inputs'][0]}; inputs must be left as they were.",
+                                   rule=R.RULE_INPUT_MUTATION, trials_passed=passed)
+            if k < len(structures):
+                m = compare_devices(structures[k], trial.get("structure"))
+                if m:
+                    return self.result(R.INCORRECT, f"{label}: {m.message}", rule=m.rule, trials_passed=passed)
+            try:
+                expected = torch.load(self.work / "private" / f"expected_{k}.pt", weights_only=True)
+                got = torch.load(out / f"out_{k}.pt", weights_only=True)
+            except Exception as exc:
+                return self.result(R.RUNTIME_ERROR, f"{label}: the candidate's outputs could not be read "
+                                   f"({type(exc).__name__}: {exc}).", trials_passed=passed)
+            m = compare_outputs(expected, got, self.opts.atol, self.opts.rtol)
+            if m:
+                return self.result(R.INCORRECT, f"{label}: {m.message}", rule=m.rule, trials_passed=passed)
+            passed += 1
+        if not report.get("ok") or passed != self.opts.trials:
+            return self.result(R.RUNTIME_ERROR, f"the candidate stopped after {passed} trials "
+                               f"({run.describe()}).", trials_passed=passed)
+        return self.result(R.OK, f"correct on {passed} of {self.opts.trials} trials "
+                           f"(atol {self.opts.atol:g}, rtol {self.opts.rtol:g}).",
+                           correct=True, reward=1.0, trials_passed=passed)
+
+    def run(self) -> R.EvalResult:
+        t_all = time.perf_counter()
+        try:
+            violations = check_solution(self.solution.files, device=self.device,
+                                        single_file=self.solution.format == SINGLE_FILE
+                                        ) if self.opts.static_checks else []
+            if violations:
+                first = violations[0]
+                more = f" ({len(violations) - 1} more)" if len(violations) > 1 else ""
+                status = R.COMPILE_ERROR if first.rule == "syntax-error" else R.REJECTED
+                return self.result(status, str(first) + more, rule=first.rule,
+                                   details={"violations": [str(v) for v in violations]})
+            ref_thread = self.start_reference()
+            t0 = time.perf_counter()
+            built = self.build()
+            self.timings["build"] = time.perf_counter() - t0
+            ref_thread.join()
+            reference = self.reference_outcome()
+            if not built.ok:
+                return self.result(built.status, built.message, rule=built.rule,
+                                   details={"build_cached": built.cached})
+            run, run_dir = self.run_candidate(built.extensions)
+            res = self.judge(run, run_dir, reference)
+            res.details.setdefault("build_cached", built.cached)
+            res.details.setdefault("rebuilt", built.rebuilt)
+            return res
+        finally:
+            self.timings["total"] = time.perf_counter() - t_all
+            if not self.opts.keep_run_dir:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _types(structure: Any) -> str:
+    found: list[str] = []
+
+    def walk(s: Any) -> None:
+        if isinstance(s, dict):
+            if s.get("kind") in ("tensor", "other") and not s.get("exact", False):
+                found.append(str(s.get("type")))
+            items = s.get("items")
+            if isinstance(items, list):
+                for x in items:
+                    walk(x)
+            elif isinstance(items, dict):
+                for x in items.values():
+                    walk(x)
+
+    walk(structure)
+    return ", ".join(found[:3]) or "an unexpected object"
+
+
+def evaluate(task: Task, solution: Solution, options: EvalOptions | None = None) -> R.EvalResult:
+    """Evaluate one solution. Raises only for bad input (TaskError, SandboxUnavailable)."""
+    ev = Evaluation(task, solution, options or EvalOptions())
+    res = ev.run()
+    res.timings_s = {k: round(v, 3) for k, v in ev.timings.items()}
+    return res
+

@@ -1,0 +1,84 @@
+"""The evaluation result record: what crosses every process boundary as JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Statuses, in the order an evaluation can fail.
+OK = "ok"
+COMPILE_ERROR = "compile_error"
+INCORRECT = "incorrect"
+REJECTED = "rejected"
+RUNTIME_ERROR = "runtime_error"
+TIMEOUT = "timeout"
+STATUSES = (OK, COMPILE_ERROR, INCORRECT, REJECTED, RUNTIME_ERROR, TIMEOUT)
+
+# Names of the rules a candidate can break; a verdict's `rule` is one of these or a
+# static-check rule name from `static_checks`.
+RULE_PARAMETERS = "parameter-mismatch"
+RULE_INPUT_MUTATION = "input-mutation"
+RULE_OUTPUT_TYPE = "output-type"
+RULE_OUTPUT_ALIAS = "output-aliases-input"
+RULE_FUNCTIONAL = "functional-call"
+RULE_TORCH_COMPUTE = "torch-compute-op"
+RULE_NO_EXTENSION = "no-extension-call"
+RULE_STRUCTURE = "output-structure"
+RULE_SHAPE = "output-shape"
+RULE_DTYPE = "output-dtype"
+RULE_DEVICE = "output-device"
+RULE_VALUES = "output-values"
+RULE_NONFINITE = "nonfinite-mismatch"
+RULE_THREADS = "threads"
+RULE_SANDBOX = "sandbox"
+
+
+@dataclass
+class EvalResult:
+    """One evaluation of one solution for one task on one device."""
+
+    status: str
+    message: str
+    task_id: str
+    task_name: str
+    device: str
+    correct: bool = False
+    reward: float = -1.0
+    reward_name: str = "milestone"
+    rule: str | None = None
+    seeds: list[int] = field(default_factory=list)
+    trials_passed: int = 0
+    trials: int = 0
+    timings_s: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    solution_hash: str | None = None
+    solution_format: str | None = None
+    sandboxed: bool = True
+    flags: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def summary(self) -> str:
+        """A few lines for a terminal or an agent."""
+        head = f"[{self.status.upper()}] {self.task_name} on {self.device}: reward {self.reward:g}"
+        parts = [head]
+        if self.rule:
+            parts.append(f"rule: {self.rule}")
+        parts.append(self.message)
+        t = ", ".join(f"{k} {v:.2f}s" for k, v in self.timings_s.items())
+        if t:
+            parts.append(f"time: {t}")
+        return "\n".join(parts)

@@ -1,0 +1,80 @@
+"""Reference process: runs the task's `Model` alone, with no candidate code in it.
+
+`python -m cuda_agent.evaluator.reference SPEC.json` writes, for the candidate process,
+the init inputs, the reference state_dict and each trial's inputs (`shared_dir`), and
+keeps each trial's expected outputs where the candidate cannot see them
+(`private_dir`). Because the reference never runs in the candidate's process, nothing
+the reference computed can be recovered from uninitialised memory there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.evaluator.tensors import describe, seed_all, to_device
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    shared = Path(spec["shared_dir"])
+    private = Path(spec["private_dir"])
+    status_file = private / "reference.json"
+    t0 = time.perf_counter()
+    phase = "import torch"
+    try:
+        import torch
+
+        from cuda_agent.tasks import import_task_module, task_from_code
+
+        device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
+        phase = "import task"
+        code = Path(spec["task_path"]).read_text()
+        task = task_from_code(code, name=spec.get("task_name", "task"), source=spec["task_path"])
+        mod = import_task_module(task)
+        phase = "get_init_inputs"
+        seed_all(spec["init_seed"])
+        init_inputs = mod.get_init_inputs()
+        if not isinstance(init_inputs, (list, tuple)):
+            init_inputs = [init_inputs]
+        init_inputs = list(init_inputs)
+        torch.save(init_inputs, shared / "init_inputs.pt")
+        phase = "Model(*get_init_inputs())"
+        seed_all(spec["init_seed"])
+        model = mod.Model(*init_inputs).eval().to(device)
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, shared / "state_dict.pt")
+        structures: list[Any] = []
+        for k, seed in enumerate(spec["seeds"]):
+            phase = f"get_inputs (trial {k + 1})"
+            seed_all(seed)
+            inputs = mod.get_inputs()
+            if not isinstance(inputs, (list, tuple)):
+                inputs = [inputs]
+            inputs = list(inputs)
+            torch.save(inputs, shared / f"inputs_{k}.pt")
+            phase = f"Model.forward (trial {k + 1})"
+            with torch.no_grad():
+                out = model(*to_device(inputs, device))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            structures.append(describe(out))
+            torch.save(to_device(out, torch.device("cpu"), detach=True), private / f"expected_{k}.pt")
+        status_file.write_text(json.dumps({
+            "ok": True, "structures": structures, "seconds": time.perf_counter() - t0,
+            "n_params": sum(p.numel() for p in model.parameters()),
+        }))
+        return 0
+    except BaseException as exc:  # the task's own code failed: report it, whatever it was
+        tb = traceback.format_exc(limit=8)
+        status_file.write_text(json.dumps({
+            "ok": False, "phase": phase, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-4000:],
+        }))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

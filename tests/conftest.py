@@ -1,0 +1,36 @@
+"""Shared test set-up: one build cache per test session (so tests share compiled builds),
+and GPU tests skipped where there is no CUDA device."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before anything imports cuda_agent.paths users: a session-wide cache, or a persistent one
+# when CUDA_AGENT_TEST_CACHE is set (keeps the precompiled headers between runs).
+_cache = os.environ.get("CUDA_AGENT_TEST_CACHE") or tempfile.mkdtemp(prefix="cuda-agent-test-cache-")
+os.environ["CUDA_AGENT_CACHE"] = _cache
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,245 @@
+"""The evaluator end to end on the CPU backend: real compiler, real sandbox, real verdicts.
+
+Each failing solution asserts the exact status and that the message names the rule.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
+from cuda_agent.evaluator.solution import load_solution
+from cuda_agent.tasks import load_task_file
+
+from . import cases as C
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def run(tmp_path: Path, task: Path, files: dict[str, str], **opts):  # type: ignore[no-untyped-def]
+    sol_dir = write(tmp_path / "solution", files)
+    target = sol_dir / "model_new.py" if len(files) == 1 else sol_dir
+    opts.setdefault("device", "cpu")
+    opts.setdefault("run_timeout_s", 120.0)
+    return evaluate(load_task_file(task), load_solution(target), EvalOptions(**opts))
+
+
+# --- correct solutions ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "task, files",
+    [
+        (C.AXPBY_TASK, C.axpby()),
+        (C.RELU_TASK, C.RELU),
+        (C.LINEAR_RELU_TASK, C.LINEAR_RELU),
+        (C.SOFTMAX_TASK, {"model_new.py": C.SOFTMAX_SINGLE_FILE}),
+    ],
+    ids=["axpby", "relu", "linear_relu", "softmax_load_inline"],
+)
+def test_correct_solutions_pass(tmp_path: Path, task: Path, files: dict[str, str]) -> None:
+    res = run(tmp_path, task, files)
+    assert res.status == "ok", res.message
+    assert res.correct and res.reward == 1.0
+    assert res.trials_passed == 5 and len(res.seeds) == 6
+    assert set(res.timings_s) >= {"build", "verify", "total"}
+
+
+def test_seeds_are_random_unless_given(tmp_path: Path) -> None:
+    a = run(tmp_path / "a", C.AXPBY_TASK, C.axpby())
+    b = run(tmp_path / "b", C.AXPBY_TASK, C.axpby())
+    c = run(tmp_path / "c", C.AXPBY_TASK, C.axpby(), seed=7)
+    assert a.seeds != b.seeds
+    assert c.seeds == [7, 8, 9, 10, 11, 12]
+    assert a.correct and b.correct and c.correct
+
+
+# --- build failures ------------------------------------------------------------------------
+
+
+def test_compile_error_is_trimmed_to_file_and_line(tmp_path: Path) -> None:
+    broken = C.AXPBY_KERNELS["kernels/axpby.cpp"].replace("out[i] = alpha", "out[i] = alpah")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby__cpp": broken}))
+    assert res.status == "compile_error"
+    assert "kernels/axpby.cpp:" in res.message and "alpah" in res.message
+    assert len(res.message) < 4000
+    assert res.reward == -1.0 and not res.correct
+
+
+def test_cuda_sources_on_cpu_device_are_refused(tmp_path: Path) -> None:
+    files = C.axpby(**{"extra__cu": "__global__ void k() {}\n"})
+    res = run(tmp_path, C.AXPBY_TASK, files)
+    assert res.status == "compile_error"
+    assert "kernels/extra.cu" in res.message and "cpu" in res.message
+
+
+# --- correctness ---------------------------------------------------------------------------
+
+
+def test_wrong_values_name_the_first_mismatch(tmp_path: Path) -> None:
+    wrong = C.AXPBY_KERNELS["kernels/axpby.cpp"].replace("alpha * a[i] + b[i]", "alpha * a[i] - b[i]")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby__cpp": wrong}))
+    assert res.status == "incorrect" and res.rule == "output-values"
+    assert "mismatch at index" in res.message and "trial 1" in res.message
+
+
+def test_wrong_shape(tmp_path: Path) -> None:
+    body = "return cuda_extension.axpby(a, b, self.alpha).view(-1)"
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(C.forward(body)))
+    assert res.status == "incorrect" and res.rule == "output-shape"
+    assert "shape" in res.message
+
+
+def test_parameter_mismatch(tmp_path: Path) -> None:
+    files = dict(C.LINEAR_RELU)
+    files["model_new.py"] = files["model_new.py"].replace(
+        "nn.Linear(in_features, out_features)", "nn.Linear(in_features, out_features, bias=False)"
+    ).replace("self.linear.bias", "self.linear.weight[0]")
+    res = run(tmp_path, C.LINEAR_RELU_TASK, files)
+    assert res.status == "incorrect" and res.rule == "parameter-mismatch"
+    assert "linear.bias" in res.message
+
+
+def test_uninitialised_output_fails(tmp_path: Path) -> None:
+    # The kernel never writes its output: whatever memory torch::empty_like lands on is returned.
+    lazy = C.binding("auto out = torch::empty_like(a);\n  return out;")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": lazy}))
+    assert res.status == "incorrect" and res.rule in ("output-values", "nonfinite-mismatch")
+
+
+# --- rejection rules (runtime: static checks off, so the runtime guard must catch each) ---
+
+
+RUNTIME_CHEATS = {
+    "functional-call": C.forward("out = cuda_extension.axpby(a, b, self.alpha)\nreturn F.relu(out) - F.relu(-out)",
+                                 imports="import torch.nn.functional as F"),
+    "torch-compute-op": C.forward("return cuda_extension.axpby(a, b, 0.0) + self.alpha * a"),
+    "no-extension-call": C.forward("return torch.empty_like(a).copy_(a)"),
+    "output-aliases-input": C.forward("out = cuda_extension.axpby(a, b, self.alpha)\nreturn b.copy_(out)"),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RUNTIME_CHEATS))
+def test_runtime_rules_reject(tmp_path: Path, rule: str) -> None:
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(RUNTIME_CHEATS[rule]), static_checks=False)
+    assert res.status == "rejected", res.message
+    assert res.rule == rule, res.message
+
+
+def test_input_mutation_rejected(tmp_path: Path) -> None:
+    mut = C.binding(C.CALL + "  a.data_ptr<float>()[0] += 1.0f;\n  return out;")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": mut}), static_checks=False)
+    assert res.status == "rejected" and res.rule == "input-mutation"
+    assert "input[0]" in res.message
+
+
+def test_output_subclass_rejected(tmp_path: Path) -> None:
+    body = "return cuda_extension.axpby(a, b, self.alpha).as_subclass(Lazy)"
+    mn = C.forward(body).replace("class ModelNew", "class Lazy(torch.Tensor):\n    pass\n\n\nclass ModelNew")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(mn), static_checks=False)
+    assert res.status == "rejected" and res.rule == "output-type"
+    assert "Lazy" in res.message
+
+
+def test_torch_op_in_cpp_binding_rejected_at_runtime(tmp_path: Path) -> None:
+    cheat = C.binding("return a.mul(alpha).add(b);")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": cheat}), static_checks=False)
+    assert res.status == "rejected" and res.rule == "torch-compute-op"
+    assert "aten.mul" in res.message
+
+
+@pytest.mark.parametrize(
+    "files, rule",
+    [
+        (C.axpby(C.forward("from model import Model\nreturn Model(self.alpha)(a, b)")), "reference-fallback"),
+        (C.axpby(C.forward("try:\n    return cuda_extension.axpby(a, b, self.alpha)\nexcept Exception:\n    return self.alpha * a + b")), "try-except-fallback"),
+        (C.axpby(C.forward("return torch.nn.functional.linear(a, b)")), "functional-call"),
+        (C.axpby(**{"axpby_binding__cpp": C.binding("return torch::matmul(a, b);")}), "torch-compute-op"),
+    ],
+    ids=["reference-fallback", "try-except", "functional", "cpp-torch-op"],
+)
+def test_static_rules_reject_early(tmp_path: Path, files: dict[str, str], rule: str) -> None:
+    res = run(tmp_path, C.AXPBY_TASK, files)
+    assert res.status == "rejected" and res.rule == rule, res.message
+    assert "timings_s" not in res.message
+    assert "build" not in res.timings_s  # rejected before compiling anything
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+def test_segfault_is_a_runtime_error_and_the_next_evaluation_works(tmp_path: Path) -> None:
+    crash = C.binding("volatile float* p = nullptr;\n  *p = 1.0f;\n  return a;")
+    res = run(tmp_path / "crash", C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": crash}))
+    assert res.status == "runtime_error"
+    assert "SIGSEGV" in res.message and "trial 1" in res.message
+    again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby())
+    assert again.status == "ok"
+
+
+def test_infinite_loop_in_kernel_times_out(tmp_path: Path) -> None:
+    spin = C.binding("volatile int x = 0;\n  while (true) { x = x + 1; }\n  return a;")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": spin}), run_timeout_s=15.0)
+    assert res.status == "timeout"
+    assert "trial 1" in res.message
+
+
+def test_infinite_loop_at_import_times_out(tmp_path: Path) -> None:
+    mn = C.AXPBY_MODEL_NEW.replace("import cuda_extension", "import cuda_extension\n\nwhile True:\n    pass")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(mn), run_timeout_s=10.0)
+    assert res.status == "timeout"
+    assert "import model_new.py" in res.message
+
+
+def test_fork_bomb_is_contained(tmp_path: Path) -> None:
+    bomb = C.binding("while (true) { fork(); }\n  return a;", extra="#include <unistd.h>\n")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": bomb}), static_checks=False,
+              run_timeout_s=15.0, max_processes=64)
+    assert res.status in ("timeout", "runtime_error")
+    again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby())
+    assert again.status == "ok"
+
+
+def test_huge_allocation_is_a_runtime_error(tmp_path: Path) -> None:
+    huge = C.binding("auto out = torch::empty({int64_t(1) << 42}, a.options());\n"
+                     "  out.data_ptr<float>()[0] = 0.f;\n  return out;")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": huge}))
+    assert res.status == "runtime_error"
+    assert "alloc" in res.message.lower() or "memory" in res.message.lower()
+
+
+def test_network_and_outside_writes_fail_inside_the_sandbox(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    body = (
+        f"open({str(outside)!r}, 'w').write('changed')\n"
+        "return cuda_extension.axpby(a, b, self.alpha)"
+    )
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(C.forward(body)), static_checks=False)
+    assert res.status == "runtime_error"
+    assert outside.read_text() == "untouched"
+    # A server on the host's loopback: the sandboxed candidate must not reach it.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    net = C.forward(
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        "return cuda_extension.axpby(a, b, self.alpha)"
+    )
+    res = run(tmp_path / "net", C.AXPBY_TASK, C.axpby(net), static_checks=False)
+    assert res.status == "runtime_error"
+    assert "refused" in res.message.lower() or "unreachable" in res.message.lower()
+    with pytest.raises(socket.timeout):
+        server.accept()
+    server.close()
