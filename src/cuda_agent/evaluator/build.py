@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from cuda_agent import sandbox
@@ -241,7 +241,7 @@ def _find_lib(libname: str, dirs: Sequence[Path]) -> Path | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def detect_arch(gpu_index: int = 0) -> str:
     """Compute capability of the GPU, e.g. '9.0', without creating a CUDA context here."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST")
@@ -282,7 +282,7 @@ def _cpu_signature() -> str:
     return short_hash((model.group(1) if model else "") + (flags.group(1) if flags else ""))
 
 
-@lru_cache(maxsize=None)
+@cache
 def toolchain(device: str, arch: str | None = None) -> Toolchain:
     import torch
     import torch.utils.cpp_extension as ce
@@ -417,9 +417,11 @@ def _object_name(rel: str) -> str:
     return stem + (".cuda.o" if rel.endswith(".cu") else ".o")
 
 
-def _ninja_file(spec: ExtensionSpec, tc: Toolchain, src_dir: Path, pch: Mapping[str, Path]) -> str:
+def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> str:
+    """Sources are named relative to the obj/ directory ninja runs in, so a build directory
+    copied elsewhere stays valid (ninja sees the same commands and keeps its objects)."""
     q = shlex.quote
-    cflags = [*tc.cflags, f"-DTORCH_EXTENSION_NAME={spec.name}", f"-I{src_dir}", *spec.extra_cflags]
+    cflags = [*tc.cflags, f"-DTORCH_EXTENSION_NAME={spec.name}", "-I../src", *spec.extra_cflags]
     lines = [
         "ninja_required_version = 1.3",
         f"cxx = {q(tc.cxx)}",
@@ -433,7 +435,7 @@ def _ninja_file(spec: ExtensionSpec, tc: Toolchain, src_dir: Path, pch: Mapping[
     ldflags = [*tc.ldflags, *(tc.cuda_ldflags if spec.with_cuda else ()), *spec.extra_ldflags]
     if spec.with_cuda:
         assert tc.nvcc is not None
-        cuda = [*tc.cuda_cflags, f"-DTORCH_EXTENSION_NAME={spec.name}", f"-I{src_dir}", *spec.extra_cuda_cflags]
+        cuda = [*tc.cuda_cflags, f"-DTORCH_EXTENSION_NAME={spec.name}", "-I../src", *spec.extra_cuda_cflags]
         lines += [
             f"nvcc = {q(tc.nvcc)}",
             f"cuda_cflags = {' '.join(q(f) for f in cuda)}",
@@ -453,11 +455,11 @@ def _ninja_file(spec: ExtensionSpec, tc: Toolchain, src_dir: Path, pch: Mapping[
     for rel in spec.compiled:
         obj = _object_name(rel)
         objects.append(obj)
-        src = src_dir / rel
+        src = f"../src/{rel}"
         if rel.endswith(".cu"):
-            lines.append(f"build {obj}: cuda_compile {q(str(src))}")
+            lines.append(f"build {obj}: cuda_compile {q(src)}")
         else:
-            lines.append(f"build {obj}: compile {q(str(src))}")
+            lines.append(f"build {obj}: compile {q(src)}")
             kind = pch_kind(spec.sources[rel])
             if kind and kind in pch:
                 lines.append(f"  pchflags = -include {q(str(pch[kind]))}")
@@ -515,10 +517,15 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
     tc = toolchain(options.device, options.arch)
     digest = spec_hash(spec, tc)
     cached = cache_dir("so", digest) / f"{spec.name}.so"
-    if cached.exists():
-        return BuildResult(ok=True, module_name=spec.name, so_path=cached, message="build cached",
-                           log="", duration_s=time.perf_counter() - t0, cached=True)
     build_dir = cache_dir("builds", short_hash(build_key, spec.name, tc.fingerprint))
+    origin = cached.parent / "origin"
+    if cached.exists():
+        # Seed this solution's build directory from the one that produced the cached
+        # module, so its next one-file edit is incremental too.
+        if not (build_dir / "obj" / "build.ninja").exists() and origin.exists():
+            _seed_build_dir(Path(origin.read_text().strip()), build_dir)
+        return BuildResult(ok=True, module_name=spec.name, so_path=cached, message="build cached",
+                           log="", duration_s=time.perf_counter() - t0, cached=True, build_dir=build_dir)
     with _locked(build_dir / ".lock"):
         src_dir = build_dir / "src"
         obj_dir = build_dir / "obj"
@@ -532,7 +539,7 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
                     header = ensure_pch(tc, kind)
                     if header is not None:
                         pch[kind] = header
-        ninja_text = _ninja_file(spec, tc, src_dir, pch)
+        ninja_text = _ninja_file(spec, tc, pch)
         ninja_path = obj_dir / "build.ninja"
         if not ninja_path.exists() or ninja_path.read_text() != ninja_text:
             ninja_path.write_text(ninja_text)
@@ -547,7 +554,8 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
         log = (run.stdout + run.stderr).strip()
         so = obj_dir / f"{spec.name}.so"
         dt = time.perf_counter() - t0
-        rebuilt = re.findall(r"^\[\d+/\d+\] (.+)$", run.stdout, flags=re.M)
+        rebuilt = [r.replace("../src/", "").replace(str(src_dir) + "/", "")
+                   for r in re.findall(r"^\[\d+/\d+\] (.+)$", run.stdout, flags=re.M)]
         note = ("\n" + "\n".join(spec.notes)) if spec.notes else ""
         if run.timed_out:
             return BuildResult(ok=False, module_name=spec.name, so_path=None, log=log, duration_s=dt,
@@ -556,15 +564,30 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
         if run.returncode != 0 or not so.exists():
             if so.exists():
                 so.unlink()
-            msg = trim_compiler_output(log, strip_prefixes=[str(src_dir) + "/", str(obj_dir) + "/"])
+            msg = trim_compiler_output(log, strip_prefixes=["../src/", str(src_dir) + "/", str(obj_dir) + "/"])
             return BuildResult(ok=False, module_name=spec.name, so_path=None, log=log, duration_s=dt,
                                build_dir=build_dir, message=(msg or run.describe()) + note, rebuilt=rebuilt)
         tmp = cached.with_suffix(f".tmp{os.getpid()}")
         shutil.copy2(so, tmp)
         os.replace(tmp, cached)
+        origin.write_text(str(build_dir))
     return BuildResult(ok=True, module_name=spec.name, so_path=cached, log=log, duration_s=dt,
                        build_dir=build_dir, rebuilt=rebuilt,
                        message=f"built {spec.name} ({len(changed)} source file(s) changed)" + note)
+
+
+def _seed_build_dir(source: Path, target: Path) -> None:
+    """Copy a finished build directory (sources, objects, ninja logs; mtimes kept)."""
+    if not (source / "obj" / "build.ninja").exists() or source == target:
+        return
+    try:
+        with _locked(source / ".lock"):
+            for sub in ("src", "obj"):
+                if (target / sub).exists():
+                    shutil.rmtree(target / sub)
+                shutil.copytree(source / sub, target / sub, symlinks=True)
+    except OSError:
+        shutil.rmtree(target / "obj", ignore_errors=True)
 
 
 def _path_env(tc: Toolchain) -> str:

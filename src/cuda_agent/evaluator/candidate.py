@@ -51,6 +51,51 @@ def _same(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b))
 
 
+def _forward_watching_streams(model: Any, inputs: list[Any], g: Any, modules: list[Any]) -> tuple[Any, dict[str, Any]]:
+    """Run one forward under the CUDA profiler and report kernels that ran on another stream.
+
+    A marker kernel launched on the current stream first tells which stream id that is.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from cuda_agent.evaluator import guards
+
+    info: dict[str, Any] = {"foreign": [], "kernels": []}
+    marker = torch.empty(1, device="cuda")
+    try:
+        prof_ctx = profile(activities=[ProfilerActivity.CUDA])
+        prof_ctx.__enter__()
+    except Exception as exc:  # no CUPTI: the check is skipped and said so
+        info["unavailable"] = f"{type(exc).__name__}: {exc}"[:300]
+        return guards.call_guarded(model, inputs, g, modules), info
+    try:
+        marker.fill_(1.0)
+        torch.cuda.synchronize()
+        result = guards.call_guarded(model, inputs, g, modules)
+        torch.cuda.synchronize()
+    finally:
+        prof_ctx.__exit__(None, None, None)
+    try:
+        events = [e for e in prof_ctx.events() if getattr(e.device_type, "name", "") == "CUDA"]
+    except Exception as exc:
+        info["unavailable"] = f"{type(exc).__name__}: {exc}"[:300]
+        return result, info
+    fill = next((e for e in events if "fill" in e.name.lower()), None)
+    if fill is None:
+        info["unavailable"] = "marker kernel not seen by the profiler"
+        return result, info
+    current = fill.device_resource_id
+    info["current_stream"] = current
+    for e in events:
+        if e is fill:
+            continue
+        info["kernels"].append(f"{e.name[:80]}@{e.device_resource_id}")
+        if e.device_resource_id != current:
+            info["foreign"].append(f"{e.name[:60]} on stream {e.device_resource_id}")
+    return result, info
+
+
 def main(spec_path: str) -> int:
     global _progress_path
     spec = json.loads(Path(spec_path).read_text())
@@ -147,7 +192,10 @@ def main(spec_path: str) -> int:
             report["trials"].append(trial)
             t0 = time.perf_counter()
             try:
-                result = guards.call_guarded(model, inputs, g, modules)
+                if device.type == "cuda" and k == 0:
+                    result, trial["streams"] = _forward_watching_streams(model, inputs, g, modules)
+                else:
+                    result = guards.call_guarded(model, inputs, g, modules)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
             except BaseException as exc:
@@ -168,7 +216,7 @@ def main(spec_path: str) -> int:
                     if lo < ihi and ilo < hi and hi > lo:
                         aliases.append(f"{p} shares memory with {ip}")
             trial["aliases"] = aliases
-            mutated = [p for (p, a), (_, b) in zip(tensors(inputs, "input"), tensors(pristine, "input"))
+            mutated = [p for (p, a), (_, b) in zip(tensors(inputs, "input"), tensors(pristine, "input"), strict=True)
                        if not _same(a, b)]
             trial["mutated_inputs"] = mutated
             exact = all(type(t) is torch.Tensor for _, t in tensors(result))
@@ -176,6 +224,11 @@ def main(spec_path: str) -> int:
             if exact:
                 torch.save(tree_map(result, lambda t: t.detach().to("cpu").clone()), out / f"out_{k}.pt")
             (out / "report.json").write_text(json.dumps(report))
+            streams = trial.get("streams") or {}
+            if streams.get("foreign"):
+                trial["guard"] = ("non-current-stream",
+                                  f"kernels ran on a stream other than the current one ({', '.join(streams['foreign'][:3])}); "
+                                  "launch all work on c10::cuda::getCurrentCUDAStream() so callers can wait for it.")
             if trial["guard"] or aliases or mutated or not exact or g.extension_calls == 0:
                 return finish(error="checks")
             del result, inputs, pristine

@@ -72,7 +72,7 @@ def compare_outputs(exp: Any, got: Any, atol: float, rtol: float, path: str = "o
             return Mismatch(R.RULE_STRUCTURE, f"{path} is {type(got).__name__}, expected {type(exp).__name__}.")
         if len(got) != len(exp):
             return Mismatch(R.RULE_STRUCTURE, f"{path} has {len(got)} items, expected {len(exp)}.")
-        for i, (a, b) in enumerate(zip(exp, got)):
+        for i, (a, b) in enumerate(zip(exp, got, strict=True)):
             m = compare_outputs(a, b, atol, rtol, f"{path}[{i}]")
             if m:
                 return m
@@ -104,7 +104,7 @@ def compare_devices(exp_struct: Any, got_struct: Any, path: str = "output") -> M
     if isinstance(exp_struct, dict) and isinstance(got_struct, dict):
         ei, gi = exp_struct.get("items"), got_struct.get("items")
         if isinstance(ei, list) and isinstance(gi, list):
-            for i, (a, b) in enumerate(zip(ei, gi)):
+            for i, (a, b) in enumerate(zip(ei, gi, strict=False)):
                 m = compare_devices(a, b, f"{path}[{i}]")
                 if m:
                     return m

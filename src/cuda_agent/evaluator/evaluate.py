@@ -82,6 +82,11 @@ def _sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.S
 
 def _python_env(device: str) -> dict[str, str]:
     env = {"PYTHONHASHSEED": "0", "TORCH_SHOW_CPP_STACKTRACES": "0", "OMP_WAIT_POLICY": "PASSIVE"}
+    # The evaluator's own package must import inside the sandbox, also when it is found
+    # through PYTHONPATH rather than installed.
+    here = str(Path(__file__).resolve().parents[2])
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([here, *extra]))
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         if key in os.environ:
             env[key] = os.environ[key]
@@ -323,6 +328,8 @@ class Evaluation:
                                         single_file=self.solution.format == SINGLE_FILE
                                         ) if self.opts.static_checks else []
             if violations:
+                # The most specific rule first: "never calls the extension" is usually a consequence.
+                violations.sort(key=lambda v: v.rule == "no-extension-call")
                 first = violations[0]
                 more = f" ({len(violations) - 1} more)" if len(violations) > 1 else ""
                 status = R.COMPILE_ERROR if first.rule == "syntax-error" else R.REJECTED

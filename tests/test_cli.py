@@ -1,0 +1,66 @@
+"""The command line: JSON records, exit codes, clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = REPO / "examples" / "tasks" / "axpby.py"
+SOLUTION = REPO / "examples" / "solutions" / "axpby_cpu"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_eval_json_ok() -> None:
+    p = cli("eval", str(TASK), str(SOLUTION), "--device", "cpu", "--json", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    assert rec["status"] == "ok" and rec["correct"] is True and rec["reward"] == 1.0
+    assert rec["seeds"] == [3, 4, 5, 6, 7, 8] and rec["device"] == "cpu"
+    assert {"build", "verify"} <= set(rec["timings_s"]) and rec["task_id"] and rec["message"]
+
+
+def test_failed_verdict_still_exits_zero(tmp_path: Path) -> None:
+    (tmp_path / "model_new.py").write_text("import torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
+    p = cli("eval", str(TASK), str(tmp_path / "model_new.py"), "--device", "cpu", "--json")
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    assert rec["status"] == "rejected" and rec["reward"] == -1.0 and not rec["correct"]
+
+
+def test_bad_task_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    p = cli("eval", str(bad), str(SOLUTION), "--device", "cpu")
+    assert p.returncode == 2
+    assert "get_inputs" in p.stderr and "get_init_inputs" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_task_that_fails_at_import_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "boom.py"
+    bad.write_text(TASK.read_text().replace("rows = 256", "rows = 1 // 0"))
+    p = cli("eval", str(bad), str(SOLUTION), "--device", "cpu")
+    assert p.returncode == 2
+    assert "ZeroDivisionError" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_missing_solution_is_a_clear_error(tmp_path: Path) -> None:
+    p = cli("eval", str(TASK), str(tmp_path / "nope"), "--device", "cpu")
+    assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_workspace_command(tmp_path: Path) -> None:
+    p = cli("workspace", str(TASK), str(tmp_path / "ws"), "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "ws" / "SKILL.md").exists()
+    again = cli("workspace", str(TASK), str(tmp_path / "ws"), "--device", "cpu")
+    assert again.returncode == 2 and "not empty" in again.stderr
