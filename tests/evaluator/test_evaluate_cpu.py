@@ -243,3 +243,16 @@ def test_network_and_outside_writes_fail_inside_the_sandbox(tmp_path: Path) -> N
     with pytest.raises(socket.timeout):
         server.accept()
     server.close()
+
+
+def test_build_timeout(tmp_path: Path) -> None:
+    # A constant expression that keeps the compiler busy for minutes.
+    slow = (
+        "#include <cstdint>\n"
+        "constexpr int64_t spin(int64_t n) { int64_t s = 0; for (int64_t i = 0; i < n; ++i) s += i % 7; return s; }\n"
+        "constexpr int64_t kBusy = spin(int64_t(1) << 40);\n"
+        "extern \"C\" int64_t busy() { return kBusy; }\n"
+    )
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"slow__cpp": slow}), build_timeout_s=5.0)
+    assert res.status == "timeout"
+    assert "build timed out" in res.message
