@@ -25,6 +25,7 @@ from typing import Any
 from cuda_agent import sandbox
 from cuda_agent.evaluator import build as B
 from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator.reward import reward
 from cuda_agent.evaluator.solution import SINGLE_FILE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
 from cuda_agent.paths import cache_dir
@@ -319,7 +320,7 @@ class Evaluation:
                                f"({run.describe()}).", trials_passed=passed)
         return self.result(R.OK, f"correct on {passed} of {self.opts.trials} trials "
                            f"(atol {self.opts.atol:g}, rtol {self.opts.rtol:g}).",
-                           correct=True, reward=1.0, trials_passed=passed)
+                           correct=True, reward=reward("milestone", True, None), trials_passed=passed)
 
     def run(self) -> R.EvalResult:
         t_all = time.perf_counter()
