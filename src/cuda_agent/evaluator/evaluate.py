@@ -377,7 +377,12 @@ def _types(structure: Any) -> str:
 
 def evaluate(task: Task, solution: Solution, options: EvalOptions | None = None) -> R.EvalResult:
     """Evaluate one solution. Raises only for bad input (TaskError, SandboxUnavailable)."""
-    ev = Evaluation(task, solution, options or EvalOptions())
+    opts = options or EvalOptions()
+    if opts.sandbox:
+        ok, why = sandbox.sandbox_available()
+        if not ok:
+            raise sandbox.SandboxUnavailable(why)
+    ev = Evaluation(task, solution, opts)
     res = ev.run()
     res.timings_s = {k: round(v, 3) for k, v in ev.timings.items()}
     return res
