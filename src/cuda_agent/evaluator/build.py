@@ -282,8 +282,51 @@ def _cpu_signature() -> str:
     return short_hash((model.group(1) if model else "") + (flags.group(1) if flags else ""))
 
 
+def _toolchain_key(device: str, arch: str | None) -> str:
+    """What the toolchain depends on, readable without importing torch."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    torch_dir = Path(spec.origin).parent if spec and spec.origin else Path("?")
+    stamps = []
+    for f in (torch_dir / "version.py", torch_dir / "lib" / "libtorch_cpu.so"):
+        try:
+            st = f.stat()
+            stamps.append(f"{f}:{st.st_mtime_ns}:{st.st_size}")
+        except OSError:
+            stamps.append(f"{f}:missing")
+    tools = [os.environ.get("CXX") or shutil.which("c++") or "", shutil.which("nvcc") or "",
+             os.environ.get("CUDA_HOME", ""), os.environ.get("TORCH_CUDA_ARCH_LIST", "")]
+    for t in tools[:2]:
+        if t:
+            try:
+                tools.append(str(Path(t).resolve().stat().st_mtime_ns))
+            except OSError:
+                pass
+    return short_hash(BUILD_PROTOCOL, sys.executable, device, arch or "", *stamps, *tools)
+
+
 @cache
 def toolchain(device: str, arch: str | None = None) -> Toolchain:
+    """The compiler set-up, cached on disk: working it out imports torch (seconds)."""
+    import json
+
+    if device == "cuda" and arch is None:
+        arch = detect_arch()  # nvidia-smi: fast, and no CUDA context in this process
+    path = cache_dir("toolchains") / f"{_toolchain_key(device, arch)}.json"
+    try:
+        data = json.loads(path.read_text())
+        return Toolchain(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    except (OSError, ValueError, TypeError):
+        pass
+    tc = _make_toolchain(device, arch)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(vars(tc)))
+    os.replace(tmp, path)
+    return tc
+
+
+def _make_toolchain(device: str, arch: str | None) -> Toolchain:
     import torch
     import torch.utils.cpp_extension as ce
 

@@ -336,6 +336,9 @@ class Evaluation:
                 status = R.COMPILE_ERROR if first.rule == "syntax-error" else R.REJECTED
                 return self.result(status, str(first) + more, rule=first.rule,
                                    details={"violations": [str(v) for v in violations]})
+            # The verdict needs torch here (torch.load of outputs): import it while the
+            # sandboxed processes run, instead of after them.
+            threading.Thread(target=_import_torch, daemon=True).start()
             ref_thread = self.start_reference()
             t0 = time.perf_counter()
             built = self.build()
@@ -354,6 +357,10 @@ class Evaluation:
             self.timings["total"] = time.perf_counter() - t_all
             if not self.opts.keep_run_dir:
                 shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401
 
 
 def _types(structure: Any) -> str:
