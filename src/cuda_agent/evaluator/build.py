@@ -303,7 +303,8 @@ def _toolchain_key(device: str, arch: str | None) -> str:
                 tools.append(str(Path(t).resolve().stat().st_mtime_ns))
             except OSError:
                 pass
-    return short_hash(BUILD_PROTOCOL, sys.executable, device, arch or "", *stamps, *tools)
+    cpu = _cpu_signature() if device != "cuda" else ""  # -march=native builds are per CPU
+    return short_hash(BUILD_PROTOCOL, sys.executable, device, arch or "", cpu, *stamps, *tools)
 
 
 @cache
