@@ -41,6 +41,14 @@ def test_inputs_are_refreshed_before_every_timed_call() -> None:
     assert seen == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
 
 
+def test_subjects_of_one_round_see_different_inputs() -> None:
+    seen: dict[str, list[float]] = {"a": [], "b": []}
+    sets = [[torch.full((4,), float(i))] for i in range(3)]
+    timing.measure({n: (lambda x, n=n: seen[n].append(float(x[0]))) for n in seen}, sets, "cpu",
+                   timing.Protocol(warmup=0, min_iters=4, max_iters=4))
+    assert all(x != y for x, y in zip(seen["a"], seen["b"], strict=True))
+
+
 def test_patching_the_clock_after_import_changes_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(time, "perf_counter_ns", lambda: 0)
     res = timing.measure({"sleep": lambda a: time.sleep(0.002)}, [[torch.zeros(1)]], "cpu",

@@ -172,8 +172,10 @@ def measure(
         with torch.no_grad():
             while True:
                 order = names[k % len(names):] + names[: k % len(names)]
-                for n in order:
-                    _refill(buffers[n], input_sets[k % len(input_sets)])
+                for j, n in enumerate(order):
+                    # Subjects of one round get different input sets, so an output left in
+                    # freed memory by the subject before is never the right answer.
+                    _refill(buffers[n], input_sets[(k + j) % len(input_sets)])
                     if cuda:
                         if p.flush_l2:
                             clock.flush()
