@@ -16,9 +16,13 @@ from pathlib import Path
 from typing import Any
 
 _progress_path: Path | None = None
+_t_start = time.perf_counter()
+_phases: dict[str, float] = {}  # phase -> seconds since process start when it began
 
 
 def _progress(phase: str, **extra: Any) -> None:
+    key = phase if "trial" not in extra else f"{phase} {extra['trial']}"
+    _phases[key] = round(time.perf_counter() - _t_start, 4)
     if _progress_path is not None:
         _progress_path.write_text(json.dumps({"phase": phase, **extra}))
 
@@ -105,7 +109,8 @@ def main(spec_path: str) -> int:
     report: dict[str, Any] = {"trials": [], "ok": False}
 
     def finish(**fields: Any) -> int:
-        report.update(fields)
+        _progress("done")
+        report.update(fields, phases_s=_phases)
         (out / "report.json").write_text(json.dumps(report))
         return 0
 
@@ -154,6 +159,11 @@ def main(spec_path: str) -> int:
             return finish(error="rejected", rule="missing-modelnew",
                           message="model_new.py defines no class ModelNew(nn.Module).")
 
+        _progress("wait for reference inputs")
+        while not (inputs_dir / "ready").exists():
+            if (inputs_dir / "failed").exists():
+                return finish(error="reference", message="the reference Model failed")
+            time.sleep(0.005)
         _progress("ModelNew(*get_init_inputs())")
         init_inputs = torch.load(inputs_dir / "init_inputs.pt", weights_only=True)
         seed_all(spec["init_seed"])

@@ -156,6 +156,8 @@ class Evaluation:
                 config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
             )
             self.timings["reference"] = time.perf_counter() - t0
+            if not (shared / "ready").exists():
+                (shared / "failed").write_text("failed")  # release a candidate waiting for inputs
 
         th = threading.Thread(target=go, daemon=True)
         th.start()
@@ -343,12 +345,16 @@ class Evaluation:
             t0 = time.perf_counter()
             built = self.build()
             self.timings["build"] = time.perf_counter() - t0
-            ref_thread.join()
-            reference = self.reference_outcome()
             if not built.ok:
+                ref_thread.join()
+                self.reference_outcome()  # a broken task is reported as such, even here
                 return self.result(built.status, built.message, rule=built.rule,
                                    details={"build_cached": built.cached})
+            # The candidate starts while the reference still computes its outputs; it waits
+            # only for the inputs.
             run, run_dir = self.run_candidate(built.extensions)
+            ref_thread.join()
+            reference = self.reference_outcome()
             res = self.judge(run, run_dir, reference)
             res.details.setdefault("build_cached", built.cached)
             res.details.setdefault("rebuilt", built.rebuilt)

@@ -75,6 +75,12 @@ def _devices(args: Iterable[Any]) -> set[str]:
 
 
 class ComputeOpGuard(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Nothing is compiled inside this mode; without this, torch wraps __torch_dispatch__
+        # in a dynamo-disable that imports torch._dynamo (~2 s) on first use.
+        return False
+
     def __init__(self, report: GuardReport) -> None:
         super().__init__()
         self.report = report

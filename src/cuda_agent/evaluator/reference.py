@@ -10,6 +10,7 @@ the reference computed can be recovered from uninitialised memory there.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ def main(spec_path: str) -> int:
         model = mod.Model(*init_inputs).eval().to(device)
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, shared / "state_dict.pt")
         structures: list[Any] = []
+        all_inputs = []
         for k, seed in enumerate(spec["seeds"]):
             phase = f"get_inputs (trial {k + 1})"
             seed_all(seed)
@@ -56,6 +58,11 @@ def main(spec_path: str) -> int:
                 inputs = [inputs]
             inputs = list(inputs)
             torch.save(inputs, shared / f"inputs_{k}.pt")
+            all_inputs.append(inputs)
+        # The candidate process waits for this before it starts its trials.
+        (shared / "ready.tmp").write_text("ready")
+        os.replace(shared / "ready.tmp", shared / "ready")
+        for k, inputs in enumerate(all_inputs):
             phase = f"Model.forward (trial {k + 1})"
             with torch.no_grad():
                 out = model(*to_device(inputs, device))
@@ -70,6 +77,7 @@ def main(spec_path: str) -> int:
         return 0
     except BaseException as exc:  # the task's own code failed: report it, whatever it was
         tb = traceback.format_exc(limit=8)
+        (shared / "failed").write_text("failed")
         status_file.write_text(json.dumps({
             "ok": False, "phase": phase, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-4000:],
         }))
