@@ -558,7 +558,8 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
     if not spec.compiled:
         return BuildResult(ok=False, module_name=spec.name, so_path=None, duration_s=0.0, log="",
                            message="no source files to compile (kernels/ is empty).")
-    tc = toolchain(options.device, options.arch)
+    arch = options.arch or (detect_arch(options.gpu_index) if options.device == "cuda" else None)
+    tc = toolchain(options.device, arch)
     digest = spec_hash(spec, tc)
     cached = cache_dir("so", digest) / f"{spec.name}.so"
     build_dir = cache_dir("builds", short_hash(build_key, spec.name, tc.fingerprint))

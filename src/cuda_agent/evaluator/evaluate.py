@@ -273,7 +273,7 @@ class Evaluation:
         error = report.get("error")
         trials = report.get("trials") or []
         passed = 0
-        if error in ("runtime",):
+        if error == "runtime":
             return self.result(R.RUNTIME_ERROR, report.get("message", "runtime error"),
                                details={"traceback": report.get("traceback", "")})
         if error in ("rejected", "incorrect"):

@@ -32,9 +32,7 @@ RULE_DTYPE = "output-dtype"
 RULE_DEVICE = "output-device"
 RULE_VALUES = "output-values"
 RULE_NONFINITE = "nonfinite-mismatch"
-RULE_THREADS = "threads"
 RULE_STREAM = "non-current-stream"
-RULE_SANDBOX = "sandbox"
 
 
 @dataclass
