@@ -257,7 +257,7 @@ def test_long_lines_are_clipped() -> None:
 
 
 def test_site_packages_paths_are_shortened() -> None:
-    header = "/root/.venv/lib/python3.11/site-packages/torch/include/ATen/core/TensorBody.h"
+    header = "/opt/venv/lib/python3.11/site-packages/torch/include/ATen/core/TensorBody.h"
     raw = f"{header}:12:3: error: static assertion failed\n"
     out = trim_compiler_output(raw)
     assert out == "torch/include/ATen/core/TensorBody.h:12:3: error: static assertion failed"
