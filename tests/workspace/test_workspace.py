@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from cuda_agent.tasks import load_task_file
@@ -56,7 +57,8 @@ def test_compile_verify_incremental_and_tamper_proof(tmp_path: Path) -> None:
 
     # Edit one kernel: only that file (and the link) is rebuilt.
     k = ws / "kernels" / "axpby.cpp"
-    k.write_text(k.read_text() + "\n// tuned\n")
+    # A unique edit, so a build cache kept between test runs cannot already hold it.
+    k.write_text(k.read_text() + f"\n// tuned {uuid.uuid4().hex}\n")
     second = sh(["bash", "utils/compile.sh"], ws)
     assert second.returncode == 0, second.stdout
     assert "recompiled kernels/axpby.cpp" in second.stdout

@@ -63,6 +63,7 @@ class ExtensionSpec:
     extra_cuda_cflags: list[str] = field(default_factory=list)
     extra_ldflags: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    cuda_requested: bool = False  # load_inline asked for CUDA (on the cpu device it cannot be had)
 
     @property
     def compiled(self) -> list[str]:
@@ -149,8 +150,6 @@ def inline_extension(call: Mapping[str, object], device: str) -> ExtensionSpec:
         sources["cuda.cu"] = (
             "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + "\n".join(cuda)
         )
-    if device != "cuda" and with_cuda:
-        notes.append("CUDA sources given on the cpu device")
     return ExtensionSpec(
         name=name,
         sources=sources,
@@ -159,6 +158,7 @@ def inline_extension(call: Mapping[str, object], device: str) -> ExtensionSpec:
         extra_cuda_cflags=sanitize_flags(call.get("extra_cuda_cflags"), notes),  # type: ignore[arg-type]
         extra_ldflags=sanitize_flags(call.get("extra_ldflags"), notes),  # type: ignore[arg-type]
         notes=notes,
+        cuda_requested=with_cuda,
     )
 
 
@@ -546,9 +546,7 @@ def spec_hash(spec: ExtensionSpec, tc: Toolchain) -> str:
 def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) -> BuildResult:
     """Compile `spec` into `<name>.so`; never raises for anything the sources do."""
     t0 = time.perf_counter()
-    if options.device != "cuda" and any(rel.endswith(".cu") for rel in spec.sources) or (
-        "CUDA sources given on the cpu device" in spec.notes
-    ):
+    if options.device != "cuda" and (spec.cuda_requested or any(rel.endswith(".cu") for rel in spec.sources)):
         cu = [rel for rel in spec.sources if rel.endswith(".cu")] or ["cuda_sources"]
         return BuildResult(
             ok=False, module_name=spec.name, so_path=None, duration_s=time.perf_counter() - t0, log="",

@@ -1776,6 +1776,24 @@ def _extract_inline_sources(source: str, tree: ast.Module) -> list[InlineSource]
 # ----------------------------------------------------------------------------------------
 
 
+def _blank(seg: str) -> str:
+    return re.sub(r"[^\n]", " ", seg)
+
+
+def _quoted_end(src: str, i: int, quote: str) -> int:
+    """Index just past the literal opened by `quote` at i (ends at the line's end if unclosed)."""
+    j, n = i + 1, len(src)
+    while j < n and src[j] != quote and src[j] != "\n":
+        j += 2 if src[j] == "\\" else 1
+    return min(j + 1, n)
+
+
+def _keep_literal(seg: str, quote: str, no_comments: list[str], code: list[str]) -> None:
+    """A literal stays in the comment-free text; in the code-only text its inside is blanked."""
+    no_comments.append(seg)
+    code.append(quote + _blank(seg[1:-1]) + quote if len(seg) >= 2 else _blank(seg))
+
+
 def _strip_cpp(src: str) -> tuple[str, str]:
     """(source without comments, source without comments and string/char literals).
 
@@ -1785,23 +1803,20 @@ def _strip_cpp(src: str) -> tuple[str, str]:
     code: list[str] = []
     i, n = 0, len(src)
 
-    def blank(seg: str) -> str:
-        return re.sub(r"[^\n]", " ", seg)
-
     while i < n:
         c = src[i]
         if c == "/" and src.startswith("//", i):
             j = src.find("\n", i)
             j = n if j == -1 else j
-            no_comments.append(blank(src[i:j]))
-            code.append(blank(src[i:j]))
+            no_comments.append(_blank(src[i:j]))
+            code.append(_blank(src[i:j]))
             i = j
             continue
         if c == "/" and src.startswith("/*", i):
             j = src.find("*/", i + 2)
             j = n if j == -1 else j + 2
-            no_comments.append(blank(src[i:j]))
-            code.append(blank(src[i:j]))
+            no_comments.append(_blank(src[i:j]))
+            code.append(_blank(src[i:j]))
             i = j
             continue
         if c == '"':
@@ -1811,13 +1826,8 @@ def _strip_cpp(src: str) -> tuple[str, str]:
                 end = src.find(")" + m.group(1) + '"', i + m.end())
                 j = n if end == -1 else end + len(m.group(1)) + 2
             else:
-                j = i + 1
-                while j < n and src[j] != '"' and src[j] != "\n":
-                    j += 2 if src[j] == "\\" else 1
-                j = min(j + 1, n)
-            seg = src[i:j]
-            no_comments.append(seg)
-            code.append('"' + blank(seg[1:-1]) + '"' if len(seg) >= 2 else blank(seg))
+                j = _quoted_end(src, i, '"')
+            _keep_literal(src[i:j], '"', no_comments, code)
             i = j
             continue
         if c == "'":
@@ -1828,13 +1838,8 @@ def _strip_cpp(src: str) -> tuple[str, str]:
                 code.append(c)
                 i += 1
                 continue
-            j = i + 1
-            while j < n and src[j] != "'" and src[j] != "\n":
-                j += 2 if src[j] == "\\" else 1
-            j = min(j + 1, n)
-            seg = src[i:j]
-            no_comments.append(seg)
-            code.append("'" + blank(seg[1:-1]) + "'" if len(seg) >= 2 else blank(seg))
+            j = _quoted_end(src, i, "'")
+            _keep_literal(src[i:j], "'", no_comments, code)
             i = j
             continue
         no_comments.append(c)
