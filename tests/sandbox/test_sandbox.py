@@ -148,8 +148,12 @@ def test_filesystem_view(tmp_path: Path, work: Path) -> None:
     home = Path(os.path.expanduser("~root"))
     allowed = {p.relative_to(home).parts[0] for p in sb._python_paths() if home in p.parents}
     assert set(seen["root_home"]) <= allowed
-    assert set(seen["top"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt",
-                                "proc", "sbin", "tmp", "usr", "root", "work", "home", "sys"}
+    # At the top: the system directories, and the first part of each bound path (the Python
+    # prefixes and an editable checkout may live anywhere, e.g. /srv/ci/...).
+    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
+              "tmp", "usr", "sys"}
+    bound = {p.parts[1] for p in [*sb._python_paths(), work, ro_dir] if len(p.parts) > 1}
+    assert set(seen["top"]) <= system | bound, set(seen["top"]) - system - bound
     if not any(pyproject.parent == p or pyproject.parent in p.parents for p in sb._python_paths()):
         assert seen["host_pyproject"] is False
     assert seen["procs"] == [1, seen["pid"]]  # own PID namespace: bwrap's init and us
