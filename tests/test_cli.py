@@ -25,7 +25,7 @@ def test_eval_json_ok() -> None:
     rec = json.loads(p.stdout)
     assert rec["status"] == "ok" and rec["correct"] is True and rec["reward"] == 1.0
     assert rec["seeds"] == [3, 4, 5, 6, 7, 8] and rec["device"] == "cpu"
-    assert {"build", "verify"} <= set(rec["timings_s"]) and rec["task_id"] and rec["message"]
+    assert {"build", "candidate"} <= set(rec["timings_s"]) and rec["task_id"] and rec["message"]
 
 
 def test_failed_verdict_still_exits_zero(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ from pathlib import Path
 from cuda_agent.evaluator import baselines as BL
 
 
-def _stats(median: float) -> dict[str, float]:
-    return {"median_us": median, "min_us": median * 0.9, "max_us": median * 1.1, "iterations": 20}
+def _stats(median: float) -> dict[str, object]:
+    s = {"median_us": median, "min_us": median * 0.9, "max_us": median * 1.1, "iterations": 20}
+    return {"device": s, "wall": s, "kernels": {}}
 
 
 def test_hit_and_invalidation(tmp_path: Path) -> None:
@@ -16,7 +17,7 @@ def test_hit_and_invalidation(tmp_path: Path) -> None:
     assert BL.load(key, tmp_path) is None
     BL.store(key, _stats(100.0), _stats(80.0), tmp_path)
     hit = BL.load(key, tmp_path)
-    assert hit is not None and hit.eager_median == 100.0 and hit.compile_us["median_us"] == 80.0
+    assert hit is not None and hit.eager_median == 100.0 and hit.compile_median == 80.0
     for other in (
         BL.BaselineKey("abd", "NVIDIA H200", "2.11.0", 1),
         BL.BaselineKey("abc", "NVIDIA H100", "2.11.0", 1),
@@ -30,12 +31,15 @@ def test_hit_and_invalidation(tmp_path: Path) -> None:
 def test_corrupt_cache_file_is_a_miss(tmp_path: Path) -> None:
     key = BL.BaselineKey("abc", "cpu", "2.13.0", 1, threads=2)
     BL.store(key, _stats(10.0), _stats(9.0), tmp_path)
-    next(tmp_path.glob("*.json")).write_text("{not json")
+    path = next(tmp_path.glob("*.json"))
+    path.write_text("{not json")
+    assert BL.load(key, tmp_path) is None
+    BL.store(key, {"wall": {}}, _stats(9.0), tmp_path)  # an entry without device time
     assert BL.load(key, tmp_path) is None
 
 
 def test_drift() -> None:
-    base = BL.Baseline(eager_us=_stats(100.0), compile_us=_stats(80.0), measured_at=0.0)
+    base = BL.Baseline(eager=_stats(100.0), compile=_stats(80.0), measured_at=0.0)
     assert not BL.drifted(base, 105.0)
     assert BL.drifted(base, 115.0)
     assert BL.drifted(base, 85.0)

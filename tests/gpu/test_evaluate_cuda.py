@@ -21,6 +21,7 @@ def run(tmp_path: Path, task: Path, files: dict[str, str], **opts):  # type: ign
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     target = tmp_path / "solution" / ("model_new.py" if len(files) == 1 else "")
+    opts.setdefault("profile", False)  # speed is tested in test_profile_cuda.py
     res = evaluate(load_task_file(task), load_solution(target), EvalOptions(device="cuda", **opts))
     print(f"\n{task.stem}: {res.status} rule={res.rule} timings={res.timings_s}\n  {res.message[:300]}")
     return res

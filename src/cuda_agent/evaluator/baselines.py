@@ -1,17 +1,20 @@
-"""On-disk cache of a task's eager and torch.compile times (work in progress for the
-profiling issue: not yet called by `evaluate`).
+"""On-disk cache of a task's eager and torch.compile times.
 
 A torch.compile baseline costs seconds to build; it is measured once per
-(task, device, torch version, timing protocol, compile mode, thread count) and reused.
-Each evaluation re-measures eager cheaply; `drifted` says when both must be re-measured.
+(task, device, torch version, timing protocol, compile mode, thread count) by the
+trusted baseline process and reused. Each evaluation re-measures eager beside the
+candidate; `drifted` says when both baselines must be measured again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +37,18 @@ class BaselineKey:
 
 @dataclass
 class Baseline:
-    eager_us: dict[str, Any]  # timing.Stats as a dict
-    compile_us: dict[str, Any]
+    eager: dict[str, Any]  # timing.Measurement.summary(): {"device": Stats, "wall": Stats, "kernels"}
+    compile: dict[str, Any]
     measured_at: float
+    extra: dict[str, Any] = field(default_factory=dict)  # copy bandwidth, compile time and errors
 
     @property
     def eager_median(self) -> float:
-        return float(self.eager_us["median_us"])
+        return float(self.eager["device"]["median_us"])
+
+    @property
+    def compile_median(self) -> float:
+        return float(self.compile["device"]["median_us"])
 
 
 def _path(key: BaselineKey, root: Path | None) -> Path:
@@ -52,13 +60,17 @@ def load(key: BaselineKey, root: Path | None = None) -> Baseline | None:
         data = json.loads(_path(key, root).read_text())
         if data.get("key") != asdict(key):
             return None
-        return Baseline(eager_us=data["eager_us"], compile_us=data["compile_us"], measured_at=data["measured_at"])
+        base = Baseline(eager=data["eager"], compile=data["compile"], measured_at=float(data["measured_at"]),
+                        extra=dict(data.get("extra") or {}))
+        base.eager_median, base.compile_median  # noqa: B018  (a malformed entry is a miss)
+        return base
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or corrupt: measure again
 
 
-def store(key: BaselineKey, eager_us: dict[str, Any], compile_us: dict[str, Any], root: Path | None = None) -> Baseline:
-    base = Baseline(eager_us=eager_us, compile_us=compile_us, measured_at=time.time())
+def store(key: BaselineKey, eager: dict[str, Any], compile: dict[str, Any], root: Path | None = None,
+          extra: dict[str, Any] | None = None) -> Baseline:
+    base = Baseline(eager=eager, compile=compile, measured_at=time.time(), extra=dict(extra or {}))
     path = _path(key, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -71,3 +83,33 @@ def drifted(cached: Baseline, eager_now_us: float, bound: float = 0.10) -> bool:
     """True when today's eager median is more than `bound` (relative) off the cached one."""
     ref = cached.eager_median
     return ref <= 0 or abs(eager_now_us - ref) / ref > bound
+
+
+def torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return str(torch.__version__)
+
+
+def device_name(device: str, gpu_index: int = 0) -> str:
+    """A name for the cache key, found without creating a CUDA context in this process."""
+    if device == "cuda":
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", str(gpu_index)],
+                                 capture_output=True, text=True, timeout=30)
+            name = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+        except (OSError, subprocess.TimeoutExpired, IndexError):
+            name = ""
+        return name or "cuda"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu:{model}"

@@ -119,11 +119,23 @@ def main(spec_path: str) -> int:
         import torch  # noqa: F401  (imported before any candidate code)
 
         from cuda_agent.evaluator import guards
+        from cuda_agent.evaluator import timing  # binds its clocks before candidate code runs
         from cuda_agent.evaluator.tensors import describe, seed_all, tensors, to_device, tree_map
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
         if device.type == "cuda":
             torch.cuda.init()
+        if spec.get("threads"):
+            torch.set_num_threads(int(spec["threads"]))
+        prof_spec = spec.get("profile")
+        reference_model: Any = None
+        if prof_spec:
+            # The task's Model class is defined from the trusted copy before candidate code runs.
+            from cuda_agent.tasks import import_task_module, task_from_code
+
+            task = task_from_code(Path(prof_spec["task_path"]).read_text(), name="task",
+                                  source=prof_spec["task_path"])
+            reference_model = import_task_module(task).Model
         inputs_dir = Path(spec["inputs_dir"])
         modules = []
         _progress("load extension")
@@ -242,6 +254,31 @@ def main(spec_path: str) -> int:
             if trial["guard"] or aliases or mutated or not exact or g.extension_calls == 0:
                 return finish(error="checks")
             del result, inputs, pristine
+        if prof_spec:
+            report["verified"] = True
+            (out / "report.json").write_text(json.dumps(report))
+            _progress("waiting for the device")
+            go = Path(prof_spec["gate_dir"])
+            deadline = time.monotonic() + float(prof_spec.get("gate_timeout_s", 600))
+            while not (go / "go").exists():
+                if (go / "cancel").exists() or time.monotonic() > deadline:
+                    return finish(ok=True, profile_skipped=True)
+                time.sleep(0.005)
+            _progress("profile")
+            t_p = time.perf_counter()
+            seed_all(spec["init_seed"])
+            eager = reference_model(*torch.load(inputs_dir / "init_inputs.pt", weights_only=True)).eval().to(device)
+            eager.load_state_dict(torch.load(inputs_dir / "state_dict.pt", weights_only=True), strict=True)
+            sets = [to_device(torch.load(inputs_dir / f"inputs_{k}.pt", weights_only=True), device)
+                    for k in range(spec["trials"])]
+            res = timing.measure({"candidate": model, "eager": eager}, sets, device.type,
+                                 timing.Protocol(**prof_spec["protocol"]), keep_outputs=["candidate"])
+            for k, o in res["candidate"].outputs.items():
+                torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), out / f"timed_{k}.pt")
+            report["profile"] = {name: m.summary() for name, m in res.items()}
+            report["profile"]["timed_outputs"] = sorted(res["candidate"].outputs)
+            report["profile"]["threads"] = torch.get_num_threads()
+            report["profile"]["seconds"] = time.perf_counter() - t_p
         return finish(ok=True)
     except BaseException as exc:
         return finish(error="runtime", phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],

@@ -1,7 +1,13 @@
 """The trusted evaluator: task + solution + device -> one `EvalResult`.
 
-    static checks -> build (sandboxed, cached)  -> candidate process (sandboxed) -> compare
-                  \\-> reference process (sandboxed, runs beside the build) --------/
+    static checks -> build (sandboxed, cached) -> candidate process: trials | profile -> judge
+                  \\-> reference process (sandboxed, beside the build) --/         |
+                                   baseline process (on a cache miss): compile | measure
+                                   (overlaps verification; measures while nothing else does)
+
+Profiling follows verification in the same candidate process: candidate and eager are
+timed interleaved there, torch.compile and eager in the trusted baseline process, whose
+results are cached (see `speed` for how the two are combined).
 
 Every candidate-touching step runs in its own sandboxed process; whatever the candidate
 does (crash, hang, fork bomb, hostile file writes) ends as a verdict here, never as an
@@ -10,6 +16,7 @@ exception that escapes `evaluate`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -23,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent import sandbox
+from cuda_agent.evaluator import baselines as BL
 from cuda_agent.evaluator import build as B
 from cuda_agent.evaluator import record as R
-from cuda_agent.evaluator.reward import reward
+from cuda_agent.evaluator import speed, timing
+from cuda_agent.evaluator.reward import Speeds, reward
 from cuda_agent.evaluator.solution import SINGLE_FILE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
-from cuda_agent.paths import cache_dir
+from cuda_agent.paths import cache_dir, short_hash
 from cuda_agent.tasks import Task, TaskError
 
 
@@ -49,6 +58,16 @@ class EvalOptions:
     keep_run_dir: bool = False
     jobs: int | None = None
     static_checks: bool = True  # off only to test that the runtime checks stand on their own
+    profile: bool = True  # time a correct solution against eager and torch.compile
+    reward_name: str = "milestone"
+    threshold: float = 0.05
+    compile_mode: str = "default"
+    threads: int | None = None  # torch/OpenMP threads in the timed processes; default: all usable cores
+    protocol: timing.Protocol = field(default_factory=timing.Protocol)
+    drift_bound: float = 0.10  # eager beside the candidate this far off the cache re-measures baselines
+    baseline_cache: bool = True
+
+BASELINE_SEEDS = [7001, 7002, 7003, 7004, 7005]  # baselines do not depend on an evaluation's seeds
 
 
 @dataclass
@@ -81,7 +100,7 @@ def _sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.S
     )
 
 
-def _python_env(device: str) -> dict[str, str]:
+def _python_env(device: str, threads: int | None = None) -> dict[str, str]:
     env = {"PYTHONHASHSEED": "0", "TORCH_SHOW_CPP_STACKTRACES": "0", "OMP_WAIT_POLICY": "PASSIVE"}
     # The evaluator's own package must import inside the sandbox, also when it is found
     # through PYTHONPATH rather than installed.
@@ -91,9 +110,18 @@ def _python_env(device: str) -> dict[str, str]:
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         if key in os.environ:
             env[key] = os.environ[key]
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     if device == "cuda":
         env["CUDA_MODULE_LOADING"] = "LAZY"
     return env
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -120,8 +148,14 @@ class Evaluation:
             self.init_seed = opts.seed
             self.seeds = [opts.seed + 1 + k for k in range(opts.trials)]
         self.timings: dict[str, float] = {}
+        self.threads = opts.threads or _usable_cores()
         self.work = Path(tempfile.mkdtemp(prefix="eval-", dir=cache_dir("runs")))
         os.chmod(self.work, 0o755)
+        self.baseline: BL.Baseline | None = None
+        self.baseline_fresh = False
+        self.baseline_error: str | None = None
+        self.flags: list[str] = []
+        self.gated = False  # the candidate's profile waits for a baseline measurement
 
     def result(self, status: str, message: str, **kw: Any) -> R.EvalResult:
         return R.EvalResult(
@@ -129,7 +163,8 @@ class Evaluation:
             device=self.device, seeds=[self.init_seed, *self.seeds], trials=self.opts.trials,
             timings_s={k: round(v, 3) for k, v in self.timings.items()},
             solution_hash=self.solution.content_hash, solution_format=self.solution.format,
-            sandboxed=self.opts.sandbox, **kw,
+            sandboxed=self.opts.sandbox, reward_name=self.opts.reward_name,
+            **{"flags": list(dict.fromkeys(self.flags)), **kw},
         )
 
     # -- steps ---------------------------------------------------------------------------
@@ -235,21 +270,199 @@ class Evaluation:
             p = run_dir / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
-        spec = {"run_dir": str(run_dir), "inputs_dir": str(self.work / "shared"), "device": self.device,
-                "trials": self.opts.trials, "init_seed": self.init_seed, "format": self.solution.format,
-                "extensions": extensions}
+        spec: dict[str, Any] = {
+            "run_dir": str(run_dir), "inputs_dir": str(self.work / "shared"), "device": self.device,
+            "trials": self.opts.trials, "init_seed": self.init_seed, "format": self.solution.format,
+            "extensions": extensions, "threads": self.threads}
+        readonly: list[Path | tuple[Path, str]] = [self.work / "shared"]
+        if self.opts.profile:
+            spec["profile"] = {"task_path": str(self.task_copy), "gate_dir": str(self.gate("candidate")),
+                               "protocol": dataclasses.asdict(self.opts.protocol),
+                               "gate_timeout_s": self.opts.run_timeout_s}
+            readonly += [self.task_copy, self.gate("candidate")]
         spec_path = self.work / "candidate_spec.json"
         spec_path.write_text(json.dumps(spec))
-        readonly: list[Path | tuple[Path, str]] = [self.work / "shared", spec_path]
-        readonly += [Path(e["so_path"]).parent for e in extensions]
+        readonly += [spec_path, *(Path(e["so_path"]).parent for e in extensions)]
         t0 = time.perf_counter()
         run = sandbox.run(
             [sys.executable, "-m", "cuda_agent.evaluator.candidate", str(spec_path)],
-            cwd=run_dir, writable=[run_dir], readonly=readonly, env=_python_env(self.device),
-            config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
+            cwd=run_dir, writable=[run_dir], readonly=readonly, env=_python_env(self.device, self.threads),
+            config=_sandbox_config(self.opts, self.opts.run_timeout_s * (2 if self.gated else 1), self.device),
         )
-        self.timings["verify"] = time.perf_counter() - t0
+        self.timings["candidate"] = time.perf_counter() - t0
         return run, run_dir
+
+    # -- baselines -------------------------------------------------------------------------
+
+    def gate(self, who: str) -> Path:
+        d = self.work / f"gate-{who}"
+        if not d.exists():
+            d.mkdir()
+            os.chmod(d, 0o755)
+        return d
+
+    @property
+    def task_copy(self) -> Path:
+        p = self.work / "task_model.py"
+        if not p.exists():
+            p.write_text(self.task.code)
+            os.chmod(p, 0o644)
+        return p
+
+    def baseline_key(self) -> BL.BaselineKey:
+        proto = self.opts.protocol
+        return BL.BaselineKey(
+            task_id=self.task.id, device_name=BL.device_name(self.device, self.opts.gpu_index),
+            torch_version=BL.torch_version(),
+            protocol_version=timing.PROTOCOL_VERSION * 1000 + hash_protocol(proto),
+            compile_mode=self.opts.compile_mode, threads=self.threads)
+
+    def start_baseline(self, gated: bool) -> threading.Thread:
+        """The trusted baseline process; with `gated` it waits for the go before it measures."""
+        n = sum(1 for _ in self.work.glob("baseline-*"))
+        out = self.work / f"baseline-{n}"
+        out.mkdir()
+        gate = self.gate(f"baseline-{n}")
+        if not gated:
+            (gate / "go").write_text("go")
+        spec = {"task_path": str(self.task_copy), "task_name": self.task.name, "device": self.device,
+                "init_seed": 0, "seeds": BASELINE_SEEDS, "compile_mode": self.opts.compile_mode,
+                "threads": self.threads, "protocol": dataclasses.asdict(self.opts.protocol),
+                "gate_dir": str(gate), "out_dir": str(out), "gate_timeout_s": self.opts.run_timeout_s}
+        spec_path = out / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        compile_cache = cache_dir("compile")
+        env = _python_env(self.device, self.threads)
+        # torch.compile's own caches persist between evaluations (trusted code only writes there).
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(compile_cache / "inductor"), TRITON_CACHE_DIR=str(compile_cache / "triton"))
+        self.baseline_out, self.baseline_gate = out, gate
+
+        def go() -> None:
+            t0 = time.perf_counter()
+            run = sandbox.run(
+                [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(spec_path)],
+                cwd=out, writable=[out, compile_cache], readonly=[self.task_copy, gate],
+                env=env, config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
+            )
+            self.timings["baseline"] = self.timings.get("baseline", 0.0) + time.perf_counter() - t0
+            self.baseline_run = run
+            if not (out / "compiled").exists():
+                (out / "compiled").write_text("failed")
+
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        return th
+
+    def finish_baseline(self, th: threading.Thread) -> None:
+        th.join()
+        data = _read_json(self.baseline_out / "baseline.json")
+        if not data or not data.get("ok"):
+            run = getattr(self, "baseline_run", None)
+            why = (f"{data.get('error')} in {data.get('phase')}" if data else
+                   (run.describe() if run else "did not run"))
+            self.baseline_error = f"the baseline measurement failed: {why}"
+            return
+        extra = {k: data.get(k) for k in ("compile_s", "compile_error", "compile_matches_eager", "copy_gbps",
+                                           "device_name", "threads", "torch_version", "seconds") if k in data}
+        key = self.baseline_key()
+        if self.opts.baseline_cache:
+            self.baseline = BL.store(key, data["eager"], data["compile"], extra=extra)
+        else:
+            self.baseline = BL.Baseline(eager=data["eager"], compile=data["compile"], measured_at=time.time(),
+                                        extra=extra)
+        self.baseline_fresh = True
+
+    def plan_baseline(self) -> threading.Thread | None:
+        """Use the cached baselines, or start measuring them (gated) beside verification."""
+        if not self.opts.profile:
+            return None
+        cached = BL.load(self.baseline_key()) if self.opts.baseline_cache else None
+        if cached is not None:
+            self.baseline = cached
+            (self.gate("candidate") / "go").write_text("go")
+            return None
+        self.gated = True
+        return self.start_baseline(gated=True)
+
+    def schedule_device(self, base: threading.Thread, cand: threading.Thread, ref: threading.Thread) -> None:
+        """One measurement at a time: the baselines once they are compiled and nothing else
+        runs on the device (verification done, reference done), then the candidate's profile."""
+        progress = self.work / "run" / "out" / "progress.json"
+        compiled = self.baseline_out / "compiled"
+        while True:
+            phase = (_read_json(progress) or {}).get("phase")
+            cand_idle = not cand.is_alive() or phase in ("waiting for the device", "done")
+            if (compiled.exists() or not base.is_alive()) and cand_idle and not ref.is_alive():
+                break
+            time.sleep(0.01)
+        (self.baseline_gate / "go").write_text("go")
+        self.finish_baseline(base)
+        (self.gate("candidate") / "go").write_text("go")
+
+    def profile_verdict(self, res: R.EvalResult, run_dir: Path) -> R.EvalResult:
+        import torch
+
+        from cuda_agent.evaluator.compare import compare_outputs
+
+        report = _read_json(run_dir / "out" / "report.json") or {}
+        prof = report.get("profile")
+        if prof is None or self.baseline is None:
+            why = self.baseline_error or "the candidate process was not given the device"
+            self.flags.append(R.FLAG_NOT_PROFILED)
+            return self.result(R.OK, f"{res.message} Not profiled: {why}.", correct=True, trials_passed=res.trials_passed,
+                               reward=reward(self.opts.reward_name, True, None, self.opts.threshold))
+        self.timings["profile"] = float(prof.get("seconds", 0.0))
+        # Timed calls must have computed the right answer, not replayed an earlier one.
+        for k in prof.get("timed_outputs", []):
+            try:
+                expected = torch.load(self.work / "private" / f"expected_{k}.pt", weights_only=True)
+                got = torch.load(run_dir / "out" / f"timed_{k}.pt", weights_only=True)
+            except Exception as exc:
+                return self.result(R.RUNTIME_ERROR, f"the outputs of the timed calls could not be read "
+                                   f"({type(exc).__name__}: {exc}).", trials_passed=res.trials_passed)
+            m = compare_outputs(expected, got, self.opts.atol, self.opts.rtol)
+            if m:
+                return self.result(R.INCORRECT, f"a timed call on trial {k + 1}'s inputs returned a wrong result "
+                                   f"({m.message}); every call must compute its output from its inputs (no "
+                                   "caching of earlier results).", rule=R.RULE_TIMED_OUTPUT,
+                                   trials_passed=res.trials_passed)
+        eager_now = prof["eager"]
+        if not self.baseline_fresh and BL.drifted(self.baseline, eager_now["device"]["median_us"], self.opts.drift_bound):
+            # The device is not what it was when the baselines were cached: measure them again.
+            self.flags.append(R.FLAG_REMEASURED)
+            th = self.start_baseline(gated=False)
+            self.finish_baseline(th)
+            if self.baseline_error:
+                self.flags.append(R.FLAG_NOT_PROFILED)
+                return self.result(R.OK, f"{res.message} Not profiled: {self.baseline_error}.", correct=True,
+                                   trials_passed=res.trials_passed,
+                                   reward=reward(self.opts.reward_name, True, None, self.opts.threshold))
+        base = self.baseline
+        assert base is not None
+        if base.extra.get("compile_error"):
+            self.flags.append(R.FLAG_COMPILE_FAILED)
+        elif base.extra.get("compile_matches_eager") is False:
+            self.flags.append(R.FLAG_COMPILE_DIFFERS)
+        sp = speed.judge(prof["candidate"], eager_now, base.eager, base.compile, self.device,
+                         self.opts.protocol.target_rel_ci, self.opts.drift_bound)
+        self.flags += sp.flags
+        fields: dict[str, Any] = dict(
+            times_us=sp.times_us, wall_times_us=sp.wall_times_us, speedup_vs_eager=sp.speedup_vs_eager,
+            speedup_vs_compile=sp.speedup_vs_compile, wall_speedup_vs_eager=sp.wall_speedup_vs_eager,
+            wall_speedup_vs_compile=sp.wall_speedup_vs_compile, trials_passed=res.trials_passed,
+            details={**res.details, **sp.details, "threads": self.threads, "compile_mode": self.opts.compile_mode,
+                     "baseline": "measured" if self.baseline_fresh else "cached",
+                     "baseline_measured_at": base.measured_at,
+                     "kernels": {n: prof[n].get("kernels", {}) for n in ("candidate", "eager")},
+                     "compile_kernels": base.compile.get("kernels", {})})
+        if sp.rejected:
+            return self.result(R.REJECTED, sp.rejected[1], rule=sp.rejected[0], **fields)
+        c = sp.times_us["candidate"]["median_us"]
+        speeds = Speeds(candidate_s=c, eager_s=c * sp.speedup_vs_eager, compile_s=c * sp.speedup_vs_compile)
+        value = reward(self.opts.reward_name, True, speeds, self.opts.threshold)
+        what = "device time" if self.device == "cuda" else "time"
+        return self.result(R.OK, f"{res.message} {what}: {sp.speedup_vs_eager:.3f}x eager, "
+                           f"{sp.speedup_vs_compile:.3f}x torch.compile.", correct=True, reward=value, **fields)
 
     def judge(self, run: sandbox.RunResult, run_dir: Path, reference: dict[str, Any]) -> R.EvalResult:
         import torch
@@ -322,7 +535,8 @@ class Evaluation:
                                f"({run.describe()}).", trials_passed=passed)
         return self.result(R.OK, f"correct on {passed} of {self.opts.trials} trials "
                            f"(atol {self.opts.atol:g}, rtol {self.opts.rtol:g}).",
-                           correct=True, reward=reward("milestone", True, None), trials_passed=passed)
+                           correct=True, reward=reward(self.opts.reward_name, True, None, self.opts.threshold),
+                           trials_passed=passed)
 
     def run(self) -> R.EvalResult:
         t_all = time.perf_counter()
@@ -351,11 +565,20 @@ class Evaluation:
                 return self.result(built.status, built.message, rule=built.rule,
                                    details={"build_cached": built.cached})
             # The candidate starts while the reference still computes its outputs; it waits
-            # only for the inputs.
-            run, run_dir = self.run_candidate(built.extensions)
+            # only for the inputs. Its profile phase waits for the device to be free.
+            base_thread = self.plan_baseline()
+            cand: dict[str, Any] = {}
+            cand_thread = threading.Thread(
+                target=lambda: cand.update(zip(("run", "dir"), self.run_candidate(built.extensions))), daemon=True)
+            cand_thread.start()
+            if base_thread is not None:
+                self.schedule_device(base_thread, cand_thread, ref_thread)
+            cand_thread.join()
             ref_thread.join()
             reference = self.reference_outcome()
-            res = self.judge(run, run_dir, reference)
+            res = self.judge(cand["run"], cand["dir"], reference)
+            if res.correct and self.opts.profile:
+                res = self.profile_verdict(res, cand["dir"])
             res.details.setdefault("build_cached", built.cached)
             res.details.setdefault("rebuilt", built.rebuilt)
             return res
@@ -363,6 +586,11 @@ class Evaluation:
             self.timings["total"] = time.perf_counter() - t_all
             if not self.opts.keep_run_dir:
                 shutil.rmtree(self.work, ignore_errors=True)
+
+
+def hash_protocol(p: timing.Protocol) -> int:
+    """A small stable number for the protocol's settings (part of the baseline cache key)."""
+    return int(short_hash(json.dumps(dataclasses.asdict(p), sort_keys=True), n=6), 16) % 1000
 
 
 def _import_torch() -> None:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Statuses, in the order an evaluation can fail.
 OK = "ok"
@@ -33,6 +33,20 @@ RULE_DEVICE = "output-device"
 RULE_VALUES = "output-values"
 RULE_NONFINITE = "nonfinite-mismatch"
 RULE_STREAM = "non-current-stream"
+RULE_TIMED_OUTPUT = "timed-output-mismatch"
+RULE_WALL_GAP = "wall-time-gap"
+RULE_FOREIGN_KERNELS = "device-time-not-in-extension"
+RULE_NO_DEVICE_WORK = "no-device-work"
+
+# Flags: facts about a result worth a look; they do not change the verdict.
+FLAG_OVER_10X = "speedup-over-10x"
+FLAG_REMEASURED = "baselines-remeasured"
+FLAG_EAGER_SLOWER = "eager-slower-beside-candidate"
+FLAG_COMPILE_FAILED = "compile-failed-baseline-is-eager"
+FLAG_COMPILE_DIFFERS = "compile-output-differs-from-eager"
+FLAG_TORCH_KERNELS = "torch-kernels-in-candidate"
+FLAG_WIDE_CI = "timing-ci-above-target"
+FLAG_NOT_PROFILED = "not-profiled"
 
 
 @dataclass
@@ -57,6 +71,14 @@ class EvalResult:
     solution_format: str | None = None
     sandboxed: bool = True
     flags: list[str] = field(default_factory=list)
+    # Filled in when the solution is correct and was profiled. Device time on CUDA,
+    # a monotonic clock on CPU; each entry has median/min/max/mean/iterations/rel_ci/spread in us.
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    times_us: dict[str, dict[str, float]] = field(default_factory=dict)
+    wall_times_us: dict[str, dict[str, float]] = field(default_factory=dict)
+    wall_speedup_vs_eager: float | None = None
+    wall_speedup_vs_compile: float | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,6 +99,13 @@ class EvalResult:
         if self.rule:
             parts.append(f"rule: {self.rule}")
         parts.append(self.message)
+        if self.speedup_vs_eager is not None and self.speedup_vs_compile is not None:
+            tm = {k: v.get("median_us", 0.0) for k, v in self.times_us.items()}
+            parts.append(f"speedup {self.speedup_vs_eager:.3f}x vs eager, {self.speedup_vs_compile:.3f}x vs "
+                         f"torch.compile (median us: candidate {tm.get('candidate', 0):.2f}, eager "
+                         f"{tm.get('eager', 0):.2f}, compile {tm.get('compile', 0):.2f})")
+        if self.flags:
+            parts.append("flags: " + ", ".join(self.flags))
         t = ", ".join(f"{k} {v:.2f}s" for k, v in self.timings_s.items())
         if t:
             parts.append(f"time: {t}")

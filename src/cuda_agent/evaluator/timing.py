@@ -1,10 +1,12 @@
-"""One timing protocol for the candidate and both baselines (work in progress: the
-profiling issue wires it into the evaluator; the CUDA path still needs a GPU run).
+"""One timing protocol for the candidate and both baselines.
 
 `measure(subjects, input_sets, device)` times several callables on the same device in
 the same process, interleaved in rounds (so clock drift hits all alike), each timed call
 preceded, outside the measurement, by fresh input values copied into its input buffers
-(rotating among several input sets) and, on CUDA, an L2 flush.
+(rotating among several input sets; every third round into newly allocated buffers) and,
+on CUDA, an L2 flush. The output of the last timed call on each input set is kept, so the
+caller can check that timed calls computed the right answer (an output cache keyed by
+pointer or shape fails that check).
 
 - CPU: a monotonic clock around the call.
 - CUDA: *device time*, the summed durations of all kernels and memory operations on all
@@ -80,11 +82,14 @@ def stats_of(samples_us: Sequence[float]) -> Stats:
 class Measurement:
     device_us: list[float] = field(default_factory=list)  # CUDA: profiler device time; CPU: = wall
     wall_us: list[float] = field(default_factory=list)
-    kernels: dict[str, int] = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)  # name -> launches seen
+    kernel_us: dict[str, float] = field(default_factory=dict)  # name -> summed device time
+    outputs: dict[int, Any] = field(default_factory=dict)  # input set -> last timed output
 
     def summary(self) -> dict[str, Any]:
+        top = sorted(self.kernel_us.items(), key=lambda kv: -kv[1])[:20]
         return {"device": stats_of(self.device_us).to_dict(), "wall": stats_of(self.wall_us).to_dict(),
-                "kernels": dict(sorted(self.kernels.items(), key=lambda kv: -kv[1])[:20])}
+                "kernels": {k: {"calls": self.kernels.get(k, 0), "us": round(v, 3)} for k, v in top}}
 
 
 def _refill(buffers: list[Any], source: list[Any]) -> None:
@@ -96,12 +101,39 @@ def _refill(buffers: list[Any], source: list[Any]) -> None:
             dst.copy_(src)
 
 
+def _poison(obj: Any, spare: set[int]) -> None:
+    """Overwrite output tensors, except those sharing memory with `spare` storages."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.untyped_storage().data_ptr() in spare or obj.numel() == 0:
+            return
+        if obj.is_floating_point() or obj.is_complex():
+            obj.detach().fill_(float("nan"))
+        elif obj.dtype == torch.bool:
+            obj.detach().fill_(False)
+        else:
+            obj.detach().fill_(-7)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _poison(x, spare)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _poison(x, spare)
+
+
+def _fresh(source: list[Any]) -> list[Any]:
+    import torch
+
+    return [t.clone() if isinstance(t, torch.Tensor) else t for t in source]
+
+
 class _CpuClock:
-    def time_call(self, fn: Callable[[], Any]) -> tuple[float, float]:
+    def time_call(self, fn: Callable[[], Any]) -> tuple[float, float, Any]:
         t0 = _perf_ns()
-        fn()
+        out = fn()
         dt = (_perf_ns() - t0) / 1e3
-        return dt, dt
+        return dt, dt, out
 
 
 class _CudaClock:
@@ -119,16 +151,16 @@ class _CudaClock:
         self.flush_buf.fill_(0.0)
         self.torch.cuda.synchronize()
 
-    def time_call(self, fn: Callable[[], Any]) -> tuple[float, float]:
+    def time_call(self, fn: Callable[[], Any]) -> tuple[float, float, Any]:
         torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        out = fn()
         torch.cuda.synchronize()
         end.record()
         end.synchronize()
         wall = start.elapsed_time(end) * 1e3
-        return wall, math.nan
+        return wall, math.nan, out
 
 
 def measure(
@@ -136,17 +168,22 @@ def measure(
     input_sets: Sequence[list[Any]],
     device: str,
     protocol: Protocol | None = None,
+    keep_outputs: Sequence[str] = (),
 ) -> dict[str, Measurement]:
     """Time each subject on rotating input sets; returns raw samples per subject.
 
     `input_sets` are lists of tensors already on `device`; each subject gets its own
-    buffers, refilled before every timed call from the next set.
+    buffers, refilled before every timed call from the next set. For the subjects named
+    in `keep_outputs` the last timed output per input set is kept in `outputs`. Outputs
+    must not alias inputs (the evaluator checks that before timing): they are poisoned
+    when let go.
     """
     import torch
 
     p = protocol or Protocol()
     names = list(subjects)
-    buffers = {n: [t.clone() if isinstance(t, torch.Tensor) else t for t in input_sets[0]] for n in names}
+    keep = set(keep_outputs)
+    buffers = {n: _fresh(input_sets[0]) for n in names}
     results = {n: Measurement() for n in names}
     cuda = device == "cuda"
     clock: Any = _CudaClock() if cuda else _CpuClock()
@@ -175,7 +212,12 @@ def measure(
                 for j, n in enumerate(order):
                     # Subjects of one round get different input sets, so an output left in
                     # freed memory by the subject before is never the right answer.
-                    _refill(buffers[n], input_sets[(k + j) % len(input_sets)])
+                    which = (k + j) % len(input_sets)
+                    if k % 3 == 2:
+                        buffers[n] = _fresh(input_sets[which])  # new memory, not only new values
+                    else:
+                        _refill(buffers[n], input_sets[which])
+                    call = (lambda n=n: subjects[n](*buffers[n]))
                     if cuda:
                         if p.flush_l2:
                             clock.flush()
@@ -184,19 +226,22 @@ def measure(
                         tag = f"cuda_agent_timed_{n}_{k}"
                         tags.append((n, tag))
                         with torch.profiler.record_function(tag):
-                            wall, dev = clock.time_call(lambda n=n: subjects[n](*buffers[n]))
+                            wall, dev, out = clock.time_call(call)
                     else:
-                        wall, dev = clock.time_call(lambda n=n: subjects[n](*buffers[n]))
+                        wall, dev, out = clock.time_call(call)
                     results[n].wall_us.append(wall)
                     results[n].device_us.append(dev)
+                    # Whatever output is let go is poisoned first, so no later call can find a
+                    # right answer in freed memory (the uninitialised-output cheat).
+                    if n in keep:
+                        out, results[n].outputs[which] = results[n].outputs.get(which), out
+                    _poison(out, {t.untyped_storage().data_ptr() for t in buffers[n]
+                                  if isinstance(t, torch.Tensor)})
+                    del out
                 k += 1
                 if k >= p.max_iters or _perf_ns() > deadline:
                     break
-                if k >= p.min_iters and not cuda and all(
-                    median_rel_ci(results[n].wall_us) < p.target_rel_ci for n in names
-                ):
-                    break
-                if cuda and k >= p.min_iters and k % 10 == 0 and all(
+                if k >= p.min_iters and (not cuda or k % 10 == 0) and all(
                     median_rel_ci(results[n].wall_us) < p.target_rel_ci for n in names
                 ):
                     break
@@ -205,31 +250,35 @@ def measure(
             prof.__exit__(None, None, None)
     if prof is not None:
         _attribute_device_time(prof, tags, results)
+        # The stop rule above could only see wall time; on CUDA the device time is what counts.
     return results
 
 
 def _attribute_device_time(prof: Any, tags: list[tuple[str, str]], results: dict[str, Measurement]) -> None:
-    """Sum the GPU activity that ran inside each tagged range (the range ends after a
-    device-wide synchronisation, so work on every stream has finished inside it)."""
+    """Sum the GPU activity (kernels, memcpy, memset, on any stream) that started inside
+    each tagged range. A range ends after a device-wide synchronisation, so all the work a
+    call issued has finished inside it; between ranges lie the L2 flush and a sync, so a
+    small offset between the CPU and GPU clocks cannot move work from one call to another."""
+    import bisect
+
     events = prof.events()
-    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("cuda_agent_timed_")}
-    gpu = sorted(
-        (e for e in events if getattr(e.device_type, "name", "") == "CUDA"),
-        key=lambda e: e.time_range.start,
-    )
+    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events
+              if e.name.startswith("cuda_agent_timed_")}
+    gpu = sorted(((e.time_range.start, e.time_range.end, e.name) for e in events
+                  if getattr(e.device_type, "name", "") == "CUDA"), key=lambda x: x[0])
+    starts = [g[0] for g in gpu]
     per_subject_index: dict[str, int] = {}
     for name, tag in tags:
         i = per_subject_index.get(name, 0)
         per_subject_index[name] = i + 1
-        if tag not in ranges:
+        if tag not in ranges or i >= len(results[name].device_us):
             continue
         lo, hi = ranges[tag]
         total = 0.0
-        for e in gpu:
-            s, t = e.time_range.start, e.time_range.end
-            if s >= lo and t <= hi:
-                total += t - s
-                key = e.name[:80]
-                results[name].kernels[key] = results[name].kernels.get(key, 0) + 1
-        if i < len(results[name].device_us):
-            results[name].device_us[i] = total
+        m = results[name]
+        for s, t, kname in gpu[bisect.bisect_left(starts, lo):bisect.bisect_right(starts, hi)]:
+            total += t - s
+            key = kname[:120]
+            m.kernels[key] = m.kernels.get(key, 0) + 1
+            m.kernel_us[key] = m.kernel_us.get(key, 0.0) + (t - s)
+        m.device_us[i] = total

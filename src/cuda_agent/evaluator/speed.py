@@ -1,0 +1,132 @@
+"""From timings to speedups, with the checks that keep them honest.
+
+Inputs: the candidate process's measurements (candidate and eager, interleaved) and the
+trusted baseline process's (eager and torch.compile, interleaved, possibly cached).
+
+Speedups compare the candidate with the *trusted* baselines, rescaled by how fast eager
+ran beside the candidate, but only ever downwards:
+
+    scale = min(1, eager_beside_candidate / eager_trusted)
+    speedup_vs_eager   = eager_trusted   * scale / candidate
+    speedup_vs_compile = compile_trusted * scale / candidate
+
+If the device is faster now than when the baselines were measured, the baselines shrink
+with it; if eager looks slower beside the candidate (a slower device, or a candidate that
+slows its neighbours), nothing is gained. A drift beyond a bound re-measures the baselines
+(see `evaluate`).
+
+On CUDA, times are device time (profiler); the wall time beside it is the cross-check:
+work done on the host, in another thread or outside the profiled region shows up as a gap
+between wall and device time that the baselines do not have.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuda_agent.evaluator import record as R
+
+# Kernel names from PyTorch itself (ATen, c10), from vendor libraries, and memory traffic.
+_TORCH = re.compile(r"\bat::|\bc10::|\bat_cuda_detail::|\btriton_|\bvectorized_elementwise_kernel|"
+                    r"\bunrolled_elementwise_kernel|\belementwise_kernel")
+_LIBRARY = re.compile(r"cublas|cudnn|cutlass|xmma|gemm|gemv|sgemm|hgemm|cusparse|cufft|nvjet|"
+                      r"implicit_convolve|winograd|fft|splitKreduce", re.I)
+_MEMORY = re.compile(r"^(Memcpy|Memset|memcpy|memset)")
+
+WALL_GAP_FACTOR = 2.0  # candidate's host gap may be this many times the baselines' ...
+WALL_GAP_SLACK_US = 50.0  # ... plus this
+TORCH_SHARE_REJECT = 0.5  # share of device time in PyTorch's own kernels that rejects
+TORCH_SHARE_FLAG = 0.1
+
+
+def kernel_kind(name: str) -> str:
+    if _MEMORY.search(name):
+        return "memory"
+    if _LIBRARY.search(name):
+        return "library"
+    if _TORCH.search(name):
+        return "torch"
+    return "extension"
+
+
+@dataclass
+class SpeedOutcome:
+    times_us: dict[str, dict[str, float]]
+    wall_times_us: dict[str, dict[str, float]]
+    speedup_vs_eager: float
+    speedup_vs_compile: float
+    wall_speedup_vs_eager: float
+    wall_speedup_vs_compile: float
+    flags: list[str] = field(default_factory=list)
+    rejected: tuple[str, str] | None = None  # (rule, message)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _short(stats: dict[str, Any]) -> dict[str, float]:
+    keys = ("median_us", "min_us", "max_us", "mean_us", "iterations", "rel_ci", "spread")
+    return {k: (round(float(stats[k]), 4) if k != "iterations" else int(stats[k])) for k in keys if k in stats}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.inf if a > 0 else 0.0
+
+
+def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict[str, Any],
+          base_compile: dict[str, Any], device: str, target_rel_ci: float = 0.01,
+          drift_bound: float = 0.10) -> SpeedOutcome:
+    """Speedups and checks; the dicts are `timing.Measurement.summary()` outputs."""
+    c_dev, e_dev = candidate["device"]["median_us"], eager_now["device"]["median_us"]
+    b_e_dev, b_c_dev = base_eager["device"]["median_us"], base_compile["device"]["median_us"]
+    c_wall, e_wall = candidate["wall"]["median_us"], eager_now["wall"]["median_us"]
+    b_e_wall, b_c_wall = base_eager["wall"]["median_us"], base_compile["wall"]["median_us"]
+    scale = min(1.0, _ratio(e_dev, b_e_dev)) if b_e_dev > 0 else 1.0
+    wscale = min(1.0, _ratio(e_wall, b_e_wall)) if b_e_wall > 0 else 1.0
+    out = SpeedOutcome(
+        times_us={"candidate": _short(candidate["device"]), "eager": _short(base_eager["device"]),
+                  "compile": _short(base_compile["device"]), "eager_beside_candidate": _short(eager_now["device"])},
+        wall_times_us={"candidate": _short(candidate["wall"]), "eager": _short(base_eager["wall"]),
+                       "compile": _short(base_compile["wall"]), "eager_beside_candidate": _short(eager_now["wall"])},
+        speedup_vs_eager=round(_ratio(b_e_dev * scale, c_dev), 4),
+        speedup_vs_compile=round(_ratio(b_c_dev * scale, c_dev), 4),
+        wall_speedup_vs_eager=round(_ratio(b_e_wall * wscale, c_wall), 4),
+        wall_speedup_vs_compile=round(_ratio(b_c_wall * wscale, c_wall), 4),
+    )
+    out.details["scale"] = round(scale, 4)
+    if b_e_dev > 0 and e_dev > b_e_dev * (1 + drift_bound):
+        out.flags.append(R.FLAG_EAGER_SLOWER)
+    if max(candidate["device"].get("rel_ci", 0), base_compile["device"].get("rel_ci", 0)) > target_rel_ci:
+        out.flags.append(R.FLAG_WIDE_CI)
+    if out.speedup_vs_compile > 10 or out.speedup_vs_eager > 10:
+        out.flags.append(R.FLAG_OVER_10X)
+    if device != "cuda":
+        return out
+
+    if c_dev <= 0:
+        out.rejected = (R.RULE_NO_DEVICE_WORK, f"no GPU work was seen during the timed calls (wall time "
+                        f"{c_wall:.1f} us); the computation must run in your CUDA kernels.")
+        return out
+    gap = c_wall - c_dev
+    ref_gap = max(e_wall - e_dev, b_e_wall - b_e_dev, b_c_wall - b_c_dev, 0.0)
+    out.details["host_gap_us"] = {"candidate": round(gap, 2), "baselines": round(ref_gap, 2)}
+    if gap > WALL_GAP_FACTOR * ref_gap + WALL_GAP_SLACK_US and c_wall > 1.5 * c_dev:
+        out.rejected = (R.RULE_WALL_GAP, f"each call takes {c_wall:.1f} us of wall time but only {c_dev:.1f} us "
+                        f"of GPU time; the baselines' gap is {ref_gap:.1f} us. Work done on the host, in "
+                        "another thread or outside the profiled stream does not count: do it in your kernels.")
+        return out
+    kinds: dict[str, float] = {}
+    for name, k in (candidate.get("kernels") or {}).items():
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + float(k.get("us", 0.0))
+    total = sum(kinds.values())
+    out.details["device_time_by_kind"] = {k: round(v / total, 4) for k, v in kinds.items()} if total else {}
+    torch_share = kinds.get("torch", 0.0) / total if total else 0.0
+    if torch_share > TORCH_SHARE_REJECT:
+        top = [n for n, _ in sorted((candidate.get("kernels") or {}).items(), key=lambda kv: -kv[1].get("us", 0))
+               if kernel_kind(n) == "torch"][:3]
+        out.rejected = (R.RULE_FOREIGN_KERNELS, f"{torch_share:.0%} of the candidate's GPU time is spent in "
+                        f"PyTorch's own kernels ({'; '.join(x[:70] for x in top)}), not in the extension's.")
+    elif torch_share > TORCH_SHARE_FLAG:
+        out.flags.append(R.FLAG_TORCH_KERNELS)
+    return out
