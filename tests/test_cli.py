@@ -20,7 +20,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_eval_json_ok() -> None:
-    p = cli("eval", str(TASK), str(SOLUTION), "--device", "cpu", "--json", "--seed", "3")
+    p = cli("eval", str(TASK), str(SOLUTION), "--device", "cpu", "--json", "--seed", "3", "--no-profile")
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)
     assert rec["status"] == "ok" and rec["correct"] is True and rec["reward"] == 1.0

@@ -39,7 +39,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     opts = EvalOptions(
         device=args.device, atol=args.atol, rtol=args.rtol, seed=args.seed, sandbox=not args.no_sandbox,
         trials=args.trials, run_timeout_s=args.timeout, build_timeout_s=args.build_timeout,
-        gpu_index=args.gpu, arch=args.arch,
+        gpu_index=args.gpu, arch=args.arch, profile=not args.no_profile, reward_name=args.reward,
+        threshold=args.threshold, compile_mode=args.compile_mode, threads=args.threads,
     )
     result = evaluate(task, solution, opts)
     if args.json:
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--gpu", type=int, default=0, help="GPU index to evaluate on")
     ev.add_argument("--arch", default=None, help="CUDA compute capability, e.g. 9.0 (default: detected)")
     ev.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (unsafe)")
+    ev.add_argument("--no-profile", action="store_true", help="check correctness only (reward 1 when correct)")
+    ev.add_argument("--reward", choices=["milestone", "speedup"], default="milestone")
+    ev.add_argument("--threshold", type=float, default=0.05, help="how much faster counts as faster (fraction)")
+    ev.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode of the baseline: default, reduce-overhead, max-autotune, ...")
+    ev.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads when timing (default: all)")
     ev.set_defaults(func=cmd_eval)
 
     ws = sub.add_parser("workspace", help="create an agent workspace for a task")

@@ -71,7 +71,7 @@ def verification_main(argv: list[str] | None = None) -> int:
         rec = load_record(ws)
         sol = load_solution(ws)
         res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=not _no_sandbox(),
-                                                  build_key=str(ws)))
+                                                  build_key=str(ws), profile=False))
     except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
         print(f"[FAIL] {exc}")
         return 1
@@ -86,9 +86,38 @@ def verification_main(argv: list[str] | None = None) -> int:
 
 
 def profiling_main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python3 -m utils.profiling").parse_args(argv)
-    print("Profiling is not available yet in this version of cuda-agent; "
-          "use python3 -m utils.verification for correctness.")
+    """Verify, then time the solution against eager PyTorch and torch.compile."""
+    ap = argparse.ArgumentParser(prog="python3 -m utils.profiling")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+    ws = _workspace()
+    try:
+        rec = load_record(ws)
+        sol = load_solution(ws)
+        res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=not _no_sandbox(),
+                                                  build_key=str(ws), profile=True))
+    except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
+        print(f"[FAIL] {exc}")
+        return 1
+    if not res.correct:
+        print(f"[FAIL] {res.status}" + (f" ({res.rule})" if res.rule else ""))
+        print(res.message)
+        return 1
+    unit = "device time" if res.device == "cuda" else "time"
+    names = {"candidate": "Your kernels (model_new.py)", "eager": "Torch eager", "compile": "torch.compile"}
+    for key, label in names.items():
+        t = res.times_us.get(key)
+        if t:
+            print(f"{label:30s} {unit} median {t['median_us']:.2f} us "
+                  f"(min {t['min_us']:.2f}, max {t['max_us']:.2f}, {int(t['iterations'])} runs)")
+    if res.speedup_vs_eager is not None:
+        print(f"Speedup vs torch eager:    {res.speedup_vs_eager:.3f}x")
+        print(f"Speedup vs torch.compile:  {res.speedup_vs_compile:.3f}x")
+        print(f"Reward ({res.reward_name}): {res.reward:g}")
+    else:
+        print(res.message)
+    if res.flags:
+        print("Flags: " + ", ".join(res.flags))
     return 0
 
 

@@ -1,0 +1,78 @@
+"""Profiling on the CPU backend: speedups and rewards from real timings, the baseline
+cache, and cheats that must not win a reward."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import timing
+from cuda_agent.evaluator.reward import DEFAULT_THRESHOLD
+from cuda_agent.paths import cache_dir
+
+from . import cases as C
+from .test_evaluate_cpu import run
+
+FAST = timing.Protocol(warmup=3, min_iters=10, max_iters=200, target_rel_ci=0.02, budget_s=3.0)
+
+
+def prof(tmp_path: Path, files: dict[str, str], **opts):  # type: ignore[no-untyped-def]
+    return run(tmp_path, C.AXPBY_TASK, files, profile=True, protocol=FAST, **opts)
+
+
+def expected_milestone(res: R.EvalResult) -> float:
+    t = DEFAULT_THRESHOLD
+    eager = res.speedup_vs_eager is not None and 1 - 1 / res.speedup_vs_eager > t
+    both = eager and res.speedup_vs_compile is not None and 1 - 1 / res.speedup_vs_compile > t
+    return 3.0 if both else 2.0 if eager else 1.0
+
+
+def test_profiled_solution_has_times_speedups_and_reward(tmp_path: Path) -> None:
+    res = prof(tmp_path / "a", C.axpby())
+    assert res.status == "ok", res.message
+    assert set(res.times_us) >= {"candidate", "eager", "compile"}
+    for t in res.times_us.values():
+        assert 0 < t["min_us"] <= t["median_us"] <= t["max_us"] and t["iterations"] >= 10
+    assert res.speedup_vs_eager and res.speedup_vs_compile and res.wall_speedup_vs_eager
+    assert res.reward == expected_milestone(res)
+    assert "profile" in res.timings_s and res.details["threads"] >= 1
+    again = prof(tmp_path / "b", C.axpby(), drift_bound=10.0)  # CPU timing noise must not re-measure here
+    assert again.details["baseline"] == "cached" and "baseline" not in again.timings_s
+    assert again.times_us["compile"] == res.times_us["compile"]  # the cached numbers
+
+
+def test_slow_kernel_is_correct_but_earns_only_one(tmp_path: Path) -> None:
+    slow = C.forward("out = None\nfor _ in range(40):\n    out = cuda_extension.axpby(a, b, self.alpha)\nreturn out")
+    res = prof(tmp_path, C.axpby(slow))
+    assert res.status == "ok" and res.correct, res.message
+    assert res.speedup_vs_eager < 0.5 and res.reward == 1.0
+
+
+def test_drifted_baseline_is_measured_again(tmp_path: Path) -> None:
+    first = prof(tmp_path / "a", C.axpby())
+    assert first.status == "ok", first.message
+    for path in cache_dir("baselines").glob("*.json"):
+        data = json.loads(path.read_text())
+        data["eager"]["device"]["median_us"] *= 5  # as if measured on a much slower machine
+        path.write_text(json.dumps(data))
+    res = prof(tmp_path / "b", C.axpby())
+    assert R.FLAG_REMEASURED in res.flags and res.details["baseline"] == "measured"
+    assert res.speedup_vs_eager < 3 * first.speedup_vs_eager  # the inflated eager time was not used
+
+
+def test_output_cache_keyed_by_pointer_does_not_win(tmp_path: Path) -> None:
+    cheat = C.forward(
+        "key = (a.data_ptr(), b.data_ptr(), tuple(a.shape))\n"
+        "if key not in self.memo:\n    self.memo[key] = cuda_extension.axpby(a, b, self.alpha)\n"
+        "return self.memo[key].clone()", init="        self.memo = {}")
+    res = prof(tmp_path, C.axpby(cheat), static_checks=False)
+    assert res.status == "incorrect" and not res.correct and res.reward == -1.0, res.message
+
+
+def test_patched_clock_changes_nothing(tmp_path: Path) -> None:
+    cheat = C.forward("return cuda_extension.axpby(a, b, self.alpha)",
+                      imports="import time\ntime.perf_counter_ns = lambda: 0\ntime.perf_counter = lambda: 0.0")
+    res = prof(tmp_path, C.axpby(cheat), static_checks=False)
+    assert res.status == "ok", res.message
+    assert res.times_us["candidate"]["median_us"] > 0 and res.speedup_vs_eager < 50
