@@ -118,8 +118,8 @@ def main(spec_path: str) -> int:
         _progress("import torch")
         import torch  # noqa: F401  (imported before any candidate code)
 
-        from cuda_agent.evaluator import guards
-        from cuda_agent.evaluator import timing  # binds its clocks before candidate code runs
+        # timing binds its clocks here, before any candidate code
+        from cuda_agent.evaluator import guards, timing
         from cuda_agent.evaluator.tensors import describe, seed_all, tensors, to_device, tree_map
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")

@@ -569,7 +569,8 @@ class Evaluation:
             base_thread = self.plan_baseline()
             cand: dict[str, Any] = {}
             cand_thread = threading.Thread(
-                target=lambda: cand.update(zip(("run", "dir"), self.run_candidate(built.extensions))), daemon=True)
+                target=lambda: cand.update(zip(("run", "dir"), self.run_candidate(built.extensions), strict=True)),
+                daemon=True)
             cand_thread.start()
             if base_thread is not None:
                 self.schedule_device(base_thread, cand_thread, ref_thread)

@@ -217,7 +217,9 @@ def measure(
                         buffers[n] = _fresh(input_sets[which])  # new memory, not only new values
                     else:
                         _refill(buffers[n], input_sets[which])
-                    call = (lambda n=n: subjects[n](*buffers[n]))
+                    def call(n: str = n) -> Any:
+                        return subjects[n](*buffers[n])
+
                     if cuda:
                         if p.flush_l2:
                             clock.flush()
