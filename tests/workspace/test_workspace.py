@@ -84,7 +84,8 @@ def test_compile_verify_incremental_and_tamper_proof(tmp_path: Path) -> None:
     assert broken.returncode == 1
     assert "kernels/axpby.cpp:" in broken.stdout and "undefined_name" in broken.stdout
 
-    k.write_text(k.read_text().replace("int64_t i = undefined_name", "int64_t i = 0"))
+    # Back to the correct kernel: profiling verifies, then times it.
+    shutil.copy(SOLUTION / "kernels" / "axpby.cpp", k)
     prof = sh([sys.executable, "-m", "utils.profiling"], ws)
     assert prof.returncode == 0, prof.stdout
     assert "Speedup vs torch.compile" in prof.stdout and "Torch eager" in prof.stdout
