@@ -86,6 +86,45 @@ RELU = {
     ),
 }
 
+CHAIN_TASK = TASKS / "Elementwise_Chain.py"
+
+
+def chain(passes: int) -> dict[str, str]:
+    """A solution of the elementwise-chain task whose speed is set by `passes`: the six
+    steps are done in that many passes over memory (eager makes twelve, torch.compile one)."""
+    assert 6 % passes == 0
+    return {
+        "model_new.py": (
+            "import torch.nn as nn\n\nimport cuda_extension\n\n\n"
+            "class ModelNew(nn.Module):\n"
+            "    def __init__(self):\n        super().__init__()\n\n"
+            "    def forward(self, x):\n"
+            f"        for _ in range({passes}):\n"
+            f"            x = cuda_extension.chain(x, {6 // passes})\n"
+            "        return x\n"
+        ),
+        "kernels/chain.cpp": (
+            "#include <cstdint>\n"
+            "extern \"C\" void chain_launcher(float* out, const float* x, int64_t n, int64_t steps) {\n"
+            "#pragma omp parallel for if (n > 65536)\n"
+            "  for (int64_t i = 0; i < n; ++i) {\n"
+            "    float v = x[i];\n"
+            "    for (int64_t s = 0; s < steps; ++s) v = v * 0.9f + 0.1f;\n"
+            "    out[i] = v;\n  }\n}\n"
+        ),
+        "kernels/chain_binding.cpp": (
+            BINDING_HEAD
+            + "extern \"C\" void chain_launcher(float*, const float*, int64_t, int64_t);\n"
+            "static torch::Tensor chain(torch::Tensor x, int64_t steps) {\n"
+            "  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat32, \"chain: contiguous float32\");\n"
+            "  auto out = torch::empty_like(x);\n"
+            "  chain_launcher(out.data_ptr<float>(), x.data_ptr<float>(), x.numel(), steps);\n  return out;\n}\n"
+            "static void register_chain(pybind11::module& m) { m.def(\"chain\", &chain); }\n"
+            "REGISTER_BINDING(chain, register_chain);\n"
+        ),
+    }
+
+
 LINEAR_RELU_TASK = TASKS / "76_Linear_ReLU.py"
 LINEAR_RELU = {
     "model_new.py": (

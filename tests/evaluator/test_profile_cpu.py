@@ -49,6 +49,14 @@ def test_slow_kernel_is_correct_but_earns_only_one(tmp_path: Path) -> None:
     assert res.speedup_vs_eager < 0.5 and res.reward == 1.0
 
 
+def test_faster_than_eager_only_earns_two(tmp_path: Path) -> None:
+    # Three passes over memory where eager makes twelve and torch.compile one.
+    res = run(tmp_path, C.CHAIN_TASK, C.chain(passes=3), profile=True, protocol=FAST)
+    assert res.status == "ok", res.message
+    assert res.speedup_vs_eager > 1.5 and res.speedup_vs_compile < 0.8, (res.speedup_vs_eager, res.speedup_vs_compile)
+    assert res.reward == 2.0
+
+
 def test_drifted_baseline_is_measured_again(tmp_path: Path) -> None:
     first = prof(tmp_path / "a", C.axpby())
     assert first.status == "ok", first.message
@@ -68,6 +76,30 @@ def test_output_cache_keyed_by_pointer_does_not_win(tmp_path: Path) -> None:
         "return self.memo[key].clone()", init="        self.memo = {}")
     res = prof(tmp_path, C.axpby(cheat), static_checks=False)
     assert res.status == "incorrect" and not res.correct and res.reward == -1.0, res.message
+
+
+def test_output_memo_keyed_by_content_gains_nothing(tmp_path: Path) -> None:
+    # Slow on a miss, free on a hit: timed calls never see the same values twice, so it stays slow.
+    cheat = C.forward(
+        "key = (a.numpy().tobytes(), b.numpy().tobytes())\n"
+        "if key not in self.memo:\n"
+        "    for _ in range(40):\n        out = cuda_extension.axpby(a, b, self.alpha)\n"
+        "    self.memo[key] = out\n"
+        "return self.memo[key].clone()", init="        self.memo = {}")
+    res = prof(tmp_path, C.axpby(cheat), static_checks=False)
+    assert res.status == "ok" and res.correct, res.message
+    assert res.speedup_vs_eager < 0.5 and res.reward == 1.0
+
+
+def test_uninitialised_output_after_verification_is_incorrect(tmp_path: Path) -> None:
+    # Computes during the verification trials, then returns fresh memory, hoping it holds an
+    # earlier right answer: outputs let go are poisoned and check calls see the difference.
+    cheat = C.forward(
+        "self.calls += 1\n"
+        "if self.calls <= 5:\n    return cuda_extension.axpby(a, b, self.alpha)\n"
+        "return torch.empty_like(a)", init="        self.calls = 0")
+    res = prof(tmp_path, C.axpby(cheat), static_checks=False)
+    assert res.status == "incorrect" and res.rule == R.RULE_TIMED_OUTPUT and res.reward == -1.0, res.message
 
 
 def test_patched_clock_changes_nothing(tmp_path: Path) -> None:

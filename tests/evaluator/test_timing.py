@@ -1,4 +1,4 @@
-"""The shared timing protocol on the CPU: ordering, input rotation, patch-proof clocks."""
+"""The shared timing protocol on the CPU: ordering, new values per call, check calls, patch-proof clocks."""
 
 from __future__ import annotations
 
@@ -29,16 +29,65 @@ def test_fast_and_slow_subjects_are_ordered_and_interleaved() -> None:
     assert f["min_us"] <= f["median_us"] <= f["max_us"]
 
 
-def test_inputs_are_refreshed_before_every_timed_call() -> None:
-    seen: list[float] = []
+def test_every_timed_call_sees_new_values_from_the_rotating_sets() -> None:
+    seen: list[torch.Tensor] = []
 
-    def spy(a: torch.Tensor) -> torch.Tensor:
-        seen.append(float(a[0]))
-        return a
+    def spy(a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        seen.append(a.clone())
+        assert torch.equal(idx, torch.arange(8))  # integer inputs (indices) are copied as they are
+        return a + 1
 
-    sets = [[torch.full((4,), float(i))] for i in range(3)]
-    timing.measure({"spy": spy}, sets, "cpu", timing.Protocol(warmup=0, min_iters=6, max_iters=6))
-    assert seen == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    for numel in (64, 4_000_000):  # small tensors are permuted, large ones shifted
+        seen.clear()
+        sets = [[torch.randn(numel) + 10 * i, torch.arange(8)] for i in range(3)]
+        timing.measure({"spy": spy}, sets, "cpu", timing.Protocol(warmup=0, min_iters=12, max_iters=12))
+        assert len(seen) == 12
+        assert len({t[:4096].numpy().tobytes() for t in seen}) == 12  # no two timed calls saw the same values
+        for k, t in enumerate(seen):  # the values of set k % 3 in a new order, never the set itself
+            src = sets[k % 3][0]
+            assert torch.equal(t.sort().values, src.sort().values) and not torch.equal(t, src)
+
+
+def test_check_calls_run_on_exact_sets_and_are_kept() -> None:
+    sets = [[torch.randn(32)] for _ in range(4)]
+    res = timing.measure({"double": lambda a: a * 2}, sets, "cpu",
+                         timing.Protocol(warmup=1, min_iters=12, max_iters=12), keep_outputs=["double"])
+    assert sorted(res["double"].outputs) == [0, 1, 2, 3]
+    for k, out in res["double"].outputs.items():
+        assert torch.equal(out, sets[k][0] * 2)
+
+
+def test_content_memo_never_hits_a_timed_call() -> None:
+    memo: dict[bytes, torch.Tensor] = {}
+    hits: list[bool] = []  # for each memo hit: were these the exact values of an input set?
+    sets = [[torch.randn(256)] for _ in range(3)]
+
+    def memoised(a: torch.Tensor) -> torch.Tensor:
+        key = a.numpy().tobytes()
+        if key in memo:
+            hits.append(any(torch.equal(a, s[0]) for s in sets))
+            return memo[key].clone()
+        memo[key] = a * 3
+        return memo[key].clone()
+
+    timing.measure({"m": memoised}, sets, "cpu", timing.Protocol(warmup=2, min_iters=60, max_iters=60),
+                   keep_outputs=["m"])
+    assert all(hits)  # only the untimed check calls on exact sets can repeat values
+
+
+def test_pointer_keyed_cache_fails_the_check_calls() -> None:
+    cache: dict[int, torch.Tensor] = {}
+
+    def cached(a: torch.Tensor) -> torch.Tensor:
+        if a.data_ptr() not in cache:
+            cache[a.data_ptr()] = a * 2
+        return cache[a.data_ptr()]
+
+    sets = [[torch.randn(128)] for _ in range(3)]
+    res = timing.measure({"c": cached}, sets, "cpu", timing.Protocol(warmup=1, min_iters=15, max_iters=15),
+                         keep_outputs=["c"])
+    assert sorted(res["c"].outputs) == [0, 1, 2]
+    assert not any(torch.allclose(out, sets[k][0] * 2) for k, out in res["c"].outputs.items())
 
 
 def test_subjects_of_one_round_see_different_inputs() -> None:

@@ -18,6 +18,8 @@ HEAD = """#include <torch/types.h>
 #include <torch/csrc/utils/pybind.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+#include <chrono>
+#include <vector>
 
 #include "../binding_registry.h"
 """
@@ -172,3 +174,65 @@ class ModelNew(nn.Module):
     def forward(self, x):
         return softmax.softmax_cuda(x)
 '''
+
+# --- profiling -----------------------------------------------------------------------------
+
+CHAIN_TASK = TASKS / "Elementwise_Chain.py"
+
+
+def chain(passes: int) -> dict[str, str]:
+    """The elementwise-chain task in `passes` passes over memory (eager: twelve, compile: one)."""
+    assert 6 % passes == 0
+    return {
+        "model_new.py": (
+            "import torch.nn as nn\n\nimport cuda_extension\n\n\n"
+            "class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n\n"
+            "    def forward(self, x):\n"
+            f"        for _ in range({passes}):\n            x = cuda_extension.chain(x, {6 // passes})\n"
+            "        return x\n"
+        ),
+        "kernels/chain.cu": (
+            "#include <cuda_runtime.h>\n#include <cstdint>\n"
+            "__global__ void chain_kernel(float* out, const float* x, int64_t n, int steps) {\n"
+            "  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {\n"
+            "    float v = x[i];\n    for (int s = 0; s < steps; ++s) v = v * 0.9f + 0.1f;\n    out[i] = v;\n  }\n}\n"
+            "extern \"C\" void chain_launcher(float* out, const float* x, int64_t n, int steps, cudaStream_t s) {\n"
+            "  int64_t blocks = (n + 255) / 256; if (blocks > 8192) blocks = 8192;\n"
+            "  if (n > 0) chain_kernel<<<blocks, 256, 0, s>>>(out, x, n, steps);\n}\n"
+        ),
+        "kernels/chain_binding.cpp": (
+            HEAD + "extern \"C\" void chain_launcher(float*, const float*, int64_t, int, cudaStream_t);\n"
+            "static torch::Tensor chain(torch::Tensor x, int64_t steps) {\n"
+            "  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.scalar_type() == torch::kFloat32, \"chain: contiguous float32 CUDA\");\n"
+            f"  auto out = torch::empty_like(x);\n  chain_launcher(out.data_ptr<float>(), x.data_ptr<float>(), x.numel(), (int)steps, {CUR});\n"
+            "  return out;\n}\n"
+            "static void register_chain(pybind11::module& m) { m.def(\"chain\", &chain); }\n"
+            "REGISTER_BINDING(chain, register_chain);\n"
+        ),
+    }
+
+
+# Verification sees the honest kernel (the first five calls); later calls escape to a side
+# stream that the caller never waits for. Device time counts every stream, and the timing
+# sees the foreign stream.
+LATE_SIDE_STREAM = axpby_binding(
+    "static int calls = 0;\n  static cudaStream_t side = nullptr;\n"
+    "  if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
+    "  auto out = torch::empty_like(a);\n"
+    f"  cudaStream_t s = ++calls > 5 ? side : {CUR};\n"
+    "  axpby_launcher(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(), (float)alpha, a.numel(), s);\n"
+    "  return out;")
+
+# The right answer computed on the host: the copies are all the GPU sees.
+HOST_COMPUTE = axpby_binding(
+    "auto out = torch::empty_like(a);\n  const int64_t n = a.numel();\n"
+    "  std::vector<float> ha(n), hb(n);\n"
+    f"  cudaMemcpyAsync(ha.data(), a.data_ptr<float>(), n * 4, cudaMemcpyDeviceToHost, {CUR});\n"
+    f"  cudaMemcpyAsync(hb.data(), b.data_ptr<float>(), n * 4, cudaMemcpyDeviceToHost, {CUR});\n"
+    f"  cudaStreamSynchronize({CUR});\n"
+    "  for (int64_t i = 0; i < n; ++i) ha[i] = (float)alpha * ha[i] + hb[i];\n"
+    "  // more host work, as a bigger computation would need\n"
+    "  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);\n"
+    "  while (std::chrono::steady_clock::now() < until) {}\n"
+    f"  cudaMemcpyAsync(out.data_ptr<float>(), ha.data(), n * 4, cudaMemcpyHostToDevice, {CUR});\n"
+    f"  cudaStreamSynchronize({CUR});\n  return out;")

@@ -589,7 +589,7 @@ def test_import_checks_callables() -> None:
 def test_shipped_fixture_tasks_run() -> None:
     torch = pytest.importorskip("torch")
     tasks = load_tasks(DATA)
-    assert [t.name for t in tasks] == ["19_ReLU", "23_Softmax", "76_Linear_ReLU"]
+    assert [t.name for t in tasks] == ["19_ReLU", "23_Softmax", "76_Linear_ReLU", "Elementwise_Chain"]
     for task in tasks:
         module = import_task_module(task)
         torch.manual_seed(0)

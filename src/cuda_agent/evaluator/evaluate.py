@@ -399,6 +399,19 @@ class Evaluation:
         self.finish_baseline(base)
         (self.gate("candidate") / "go").write_text("go")
 
+    def io_bytes(self) -> int:
+        """Bytes of one call's inputs and outputs (trial 1), the least traffic a call can have."""
+        import torch
+
+        from cuda_agent.evaluator.tensors import tensors
+
+        try:
+            ins = torch.load(self.work / "shared" / "inputs_0.pt", weights_only=True)
+            outs = torch.load(self.work / "private" / "expected_0.pt", weights_only=True)
+        except Exception:
+            return 0
+        return sum(t.numel() * t.element_size() for _, t in [*tensors(ins), *tensors(outs)])
+
     def profile_verdict(self, res: R.EvalResult, run_dir: Path) -> R.EvalResult:
         import torch
 
@@ -413,6 +426,10 @@ class Evaluation:
                                reward=reward(self.opts.reward_name, True, None, self.opts.threshold))
         self.timings["profile"] = float(prof.get("seconds", 0.0))
         # Timed calls must have computed the right answer, not replayed an earlier one.
+        missing = sorted(set(range(self.opts.trials)) - set(prof.get("timed_outputs", [])))
+        if missing:
+            return self.result(R.INCORRECT, f"the check calls made while timing returned no output for trial "
+                               f"{missing[0] + 1}'s inputs.", rule=R.RULE_TIMED_OUTPUT, trials_passed=res.trials_passed)
         for k in prof.get("timed_outputs", []):
             try:
                 expected = torch.load(self.work / "private" / f"expected_{k}.pt", weights_only=True)
@@ -444,7 +461,8 @@ class Evaluation:
         elif base.extra.get("compile_matches_eager") is False:
             self.flags.append(R.FLAG_COMPILE_DIFFERS)
         sp = speed.judge(prof["candidate"], eager_now, base.eager, base.compile, self.device,
-                         self.opts.protocol.target_rel_ci, self.opts.drift_bound)
+                         self.opts.protocol.target_rel_ci, self.opts.drift_bound,
+                         io_bytes=self.io_bytes(), bandwidth_gbps=float(base.extra.get("copy_gbps") or 0.0))
         self.flags += sp.flags
         fields: dict[str, Any] = dict(
             times_us=sp.times_us, wall_times_us=sp.wall_times_us, speedup_vs_eager=sp.speedup_vs_eager,

@@ -37,6 +37,7 @@ RULE_TIMED_OUTPUT = "timed-output-mismatch"
 RULE_WALL_GAP = "wall-time-gap"
 RULE_FOREIGN_KERNELS = "device-time-not-in-extension"
 RULE_NO_DEVICE_WORK = "no-device-work"
+RULE_BANDWIDTH = "faster-than-memory-bandwidth"
 
 # Flags: facts about a result worth a look; they do not change the verdict.
 FLAG_OVER_10X = "speedup-over-10x"
@@ -47,6 +48,7 @@ FLAG_COMPILE_DIFFERS = "compile-output-differs-from-eager"
 FLAG_TORCH_KERNELS = "torch-kernels-in-candidate"
 FLAG_WIDE_CI = "timing-ci-above-target"
 FLAG_NOT_PROFILED = "not-profiled"
+FLAG_OVER_BANDWIDTH = "over-bandwidth-baselines-too"
 
 
 @dataclass

@@ -40,6 +40,7 @@ WALL_GAP_FACTOR = 2.0  # candidate's host gap may be this many times the baselin
 WALL_GAP_SLACK_US = 50.0  # ... plus this
 TORCH_SHARE_REJECT = 0.5  # share of device time in PyTorch's own kernels that rejects
 TORCH_SHARE_FLAG = 0.1
+BANDWIDTH_FACTOR = 1.5  # implied traffic above this many times the measured copy bandwidth rejects
 
 
 def kernel_kind(name: str) -> str:
@@ -76,8 +77,12 @@ def _ratio(a: float, b: float) -> float:
 
 def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict[str, Any],
           base_compile: dict[str, Any], device: str, target_rel_ci: float = 0.01,
-          drift_bound: float = 0.10) -> SpeedOutcome:
-    """Speedups and checks; the dicts are `timing.Measurement.summary()` outputs."""
+          drift_bound: float = 0.10, io_bytes: int = 0, bandwidth_gbps: float = 0.0) -> SpeedOutcome:
+    """Speedups and checks; the dicts are `timing.Measurement.summary()` outputs.
+
+    `io_bytes` (inputs plus outputs of one call) and `bandwidth_gbps` (the device's measured
+    copy traffic) bound how fast a call can be: with the L2 cache flushed, inputs come from
+    device memory."""
     c_dev, e_dev = candidate["device"]["median_us"], eager_now["device"]["median_us"]
     b_e_dev, b_c_dev = base_eager["device"]["median_us"], base_compile["device"]["median_us"]
     c_wall, e_wall = candidate["wall"]["median_us"], eager_now["wall"]["median_us"]
@@ -108,6 +113,24 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
         out.rejected = (R.RULE_NO_DEVICE_WORK, f"no GPU work was seen during the timed calls (wall time "
                         f"{c_wall:.1f} us); the computation must run in your CUDA kernels.")
         return out
+    own, theirs = set(candidate.get("streams") or []), set(eager_now.get("streams") or [])
+    if len(theirs) == 1 and own - theirs:
+        out.rejected = (R.RULE_STREAM, f"during the timed calls GPU work ran on stream(s) "
+                        f"{sorted(own - theirs)}, not on the current stream {sorted(theirs)[0]}; launch all work "
+                        "on c10::cuda::getCurrentCUDAStream() so callers can wait for it.")
+        return out
+    if io_bytes > 0 and bandwidth_gbps > 0:
+        implied = io_bytes / (c_dev * 1e-6) / 1e9
+        out.details["implied_gbps"] = round(implied, 1)
+        if implied > BANDWIDTH_FACTOR * bandwidth_gbps:
+            baseline_gbps = io_bytes / (min(b_e_dev, b_c_dev) * 1e-6) / 1e9 if min(b_e_dev, b_c_dev) > 0 else 0.0
+            if baseline_gbps > bandwidth_gbps:
+                out.flags.append(R.FLAG_OVER_BANDWIDTH)  # the baselines read less than all inputs, too
+            else:
+                out.rejected = (R.RULE_BANDWIDTH, f"{io_bytes / 1e6:.2f} MB of inputs and outputs in {c_dev:.2f} us "
+                                f"is {implied:.0f} GB/s, more than the device's memory can move "
+                                f"({bandwidth_gbps:.0f} GB/s measured); the timed calls cannot have done the work.")
+                return out
     gap = c_wall - c_dev
     ref_gap = max(e_wall - e_dev, b_e_wall - b_e_dev, b_c_wall - b_c_dev, 0.0)
     out.details["host_gap_us"] = {"candidate": round(gap, 2), "baselines": round(ref_gap, 2)}

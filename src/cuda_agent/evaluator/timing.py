@@ -1,12 +1,17 @@
 """One timing protocol for the candidate and both baselines.
 
 `measure(subjects, input_sets, device)` times several callables on the same device in
-the same process, interleaved in rounds (so clock drift hits all alike), each timed call
-preceded, outside the measurement, by fresh input values copied into its input buffers
-(rotating among several input sets; every third round into newly allocated buffers) and,
-on CUDA, an L2 flush. The output of the last timed call on each input set is kept, so the
-caller can check that timed calls computed the right answer (an output cache keyed by
-pointer or shape fails that check).
+the same process, interleaved in rounds (so clock drift hits all alike). Before each
+timed call, outside the measurement, new input values are written: one of the input sets,
+with every floating-point tensor cyclically shifted by a random offset, so no two timed
+calls see the same values and an output memo keyed by pointer, shape or content never
+hits; in two rounds of three into the subject's existing buffers (same memory, new
+values), in the third into newly allocated ones. On CUDA the L2 cache is flushed before
+each timed call.
+
+Untimed *check calls* on the exact input sets are interleaved at random; the last one on
+each set is kept so the caller can compare it with the reference: a cache keyed by
+pointer or shape returns the answer of an earlier call there and fails that check.
 
 - CPU: a monotonic clock around the call.
 - CUDA: *device time*, the summed durations of all kernels and memory operations on all
@@ -14,21 +19,25 @@ pointer or shape fails that check).
   (CUDA events around the call plus a device-wide synchronisation inside the region).
 
 Iterations stop when the median's relative 95% confidence interval is under the target
-for every subject, or the budget is spent. The clocks used here are bound at import, so
-a candidate imported later cannot monkey-patch them.
+for every subject, or the budget is spent. The clock and the random source used here are
+bound at import, so a candidate imported later cannot monkey-patch or seed them.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported
+_rng = random.Random(os.urandom(16))  # private: not the global generators a candidate can seed
+CHECK_PROBABILITY = 0.2  # share of rounds followed by an untimed check call
 
 
 @dataclass
@@ -39,6 +48,7 @@ class Protocol:
     target_rel_ci: float = 0.01
     budget_s: float = 20.0
     flush_l2: bool = True
+    shift_inputs: bool = True  # new values per timed call (see the module text)
 
 
 @dataclass
@@ -84,21 +94,58 @@ class Measurement:
     wall_us: list[float] = field(default_factory=list)
     kernels: dict[str, int] = field(default_factory=dict)  # name -> launches seen
     kernel_us: dict[str, float] = field(default_factory=dict)  # name -> summed device time
-    outputs: dict[int, Any] = field(default_factory=dict)  # input set -> last timed output
+    outputs: dict[int, Any] = field(default_factory=dict)  # input set -> last check-call output
+    streams: set[int] = field(default_factory=set)  # CUDA: streams the timed calls' GPU work ran on
 
     def summary(self) -> dict[str, Any]:
         top = sorted(self.kernel_us.items(), key=lambda kv: -kv[1])[:20]
         return {"device": stats_of(self.device_us).to_dict(), "wall": stats_of(self.wall_us).to_dict(),
-                "kernels": {k: {"calls": self.kernels.get(k, 0), "us": round(v, 3)} for k, v in top}}
+                "kernels": {k: {"calls": self.kernels.get(k, 0), "us": round(v, 3)} for k, v in top},
+                "streams": sorted(self.streams)}
 
 
-def _refill(buffers: list[Any], source: list[Any]) -> None:
-    """Write new values into the subject's input buffers (same memory, new contents)."""
+def _write_inputs(buffers: list[Any], source: list[Any], shift: bool) -> None:
+    """Write new values into the subject's input buffers (same memory, new contents).
+
+    With `shift`, each floating-point tensor gets its source's values in a new order: a
+    random permutation of its flattened elements when it is small (up to 65,536), a
+    cyclic shift by a random offset when it is larger (one copy, no index tensor; offsets
+    repeat with probability calls/elements, so an exact-content memo hits well under 1%
+    of calls). The multiset of values is the source's, so ranges and signs the task relies
+    on hold. Integer and bool tensors (indices, masks) are copied as they are.
+    """
     import torch
 
     for dst, src in zip(buffers, source, strict=True):
-        if isinstance(dst, torch.Tensor):
+        if not isinstance(dst, torch.Tensor):
+            continue
+        n = src.numel()
+        if shift and n > 1 and (src.is_floating_point() or src.is_complex()) and dst.is_contiguous() \
+                and src.is_contiguous():
+            d, f = dst.view(-1), src.view(-1)
+            if n <= _PERMUTE_MAX:
+                perm = torch.randperm(n, generator=_torch_generator(src.device), device=src.device)
+                torch.index_select(f, 0, perm, out=d)
+            else:
+                s = _rng.randrange(1, n)
+                d[: n - s].copy_(f[s:])
+                d[n - s:].copy_(f[:s])
+        else:
             dst.copy_(src)
+
+
+_PERMUTE_MAX = 1 << 16
+_generators: dict[str, Any] = {}
+
+
+def _torch_generator(device: Any) -> Any:
+    """A private torch generator per device, seeded from the private random source."""
+    import torch
+
+    key = str(device)
+    if key not in _generators:
+        _generators[key] = torch.Generator(device=device).manual_seed(_rng.getrandbits(63))
+    return _generators[key]
 
 
 def _poison(obj: Any, spare: set[int]) -> None:
@@ -170,13 +217,13 @@ def measure(
     protocol: Protocol | None = None,
     keep_outputs: Sequence[str] = (),
 ) -> dict[str, Measurement]:
-    """Time each subject on rotating input sets; returns raw samples per subject.
+    """Time each subject on new input values per call; returns raw samples per subject.
 
     `input_sets` are lists of tensors already on `device`; each subject gets its own
-    buffers, refilled before every timed call from the next set. For the subjects named
-    in `keep_outputs` the last timed output per input set is kept in `outputs`. Outputs
-    must not alias inputs (the evaluator checks that before timing): they are poisoned
-    when let go.
+    buffers. For the subjects named in `keep_outputs`, untimed check calls on the exact
+    input sets are made at random between timed calls (and once more at the end for any
+    set not yet checked); the last one per set is kept in `outputs`. Outputs must not
+    alias inputs (the evaluator checks that before timing): they are poisoned when let go.
     """
     import torch
 
@@ -184,14 +231,32 @@ def measure(
     names = list(subjects)
     keep = set(keep_outputs)
     buffers = {n: _fresh(input_sets[0]) for n in names}
+    last_set = {n: 0 for n in names}  # which input set the subject's buffers were last filled from
     results = {n: Measurement() for n in names}
     cuda = device == "cuda"
     clock: Any = _CudaClock() if cuda else _CpuClock()
 
+    def spare(n: str) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in buffers[n] if isinstance(t, torch.Tensor)}
+
+    def check_call(n: str, which: int | None = None) -> None:
+        """Untimed call on an exact input set other than the one the buffers last held, so
+        an answer cached from the call before (by pointer or shape) is the wrong answer."""
+        if which is None:
+            which = (last_set[n] + 1 + _rng.randrange(max(1, len(input_sets) - 1))) % len(input_sets) \
+                if len(input_sets) > 1 else 0
+        _write_inputs(buffers[n], input_sets[which], shift=False)
+        last_set[n] = which
+        out = subjects[n](*buffers[n])
+        if cuda:
+            torch.cuda.synchronize()
+        out, results[n].outputs[which] = results[n].outputs.get(which), out
+        _poison(out, spare(n))
+
     with torch.no_grad():
         for n in names:
             for w in range(p.warmup):
-                _refill(buffers[n], input_sets[w % len(input_sets)])
+                _write_inputs(buffers[n], input_sets[w % len(input_sets)], p.shift_inputs)
                 subjects[n](*buffers[n])
         if cuda:
             torch.cuda.synchronize()
@@ -210,13 +275,14 @@ def measure(
             while True:
                 order = names[k % len(names):] + names[: k % len(names)]
                 for j, n in enumerate(order):
-                    # Subjects of one round get different input sets, so an output left in
-                    # freed memory by the subject before is never the right answer.
+                    # Subjects of one round start from different input sets, so an output left
+                    # in freed memory by the subject before is never the right answer.
                     which = (k + j) % len(input_sets)
                     if k % 3 == 2:
                         buffers[n] = _fresh(input_sets[which])  # new memory, not only new values
-                    else:
-                        _refill(buffers[n], input_sets[which])
+                    _write_inputs(buffers[n], input_sets[which], p.shift_inputs)
+                    last_set[n] = which
+
                     def call(n: str = n) -> Any:
                         return subjects[n](*buffers[n])
 
@@ -235,11 +301,10 @@ def measure(
                     results[n].device_us.append(dev)
                     # Whatever output is let go is poisoned first, so no later call can find a
                     # right answer in freed memory (the uninitialised-output cheat).
-                    if n in keep:
-                        out, results[n].outputs[which] = results[n].outputs.get(which), out
-                    _poison(out, {t.untyped_storage().data_ptr() for t in buffers[n]
-                                  if isinstance(t, torch.Tensor)})
+                    _poison(out, spare(n))
                     del out
+                    if n in keep and _rng.random() < CHECK_PROBABILITY:
+                        check_call(n)
                 k += 1
                 if k >= p.max_iters or _perf_ns() > deadline:
                     break
@@ -250,6 +315,15 @@ def measure(
     finally:
         if prof is not None:
             prof.__exit__(None, None, None)
+    with torch.no_grad():
+        for n in names:
+            if n in keep:
+                for which in range(len(input_sets)):
+                    if which in results[n].outputs:
+                        continue
+                    if which == last_set[n] and len(input_sets) > 1:
+                        check_call(n)  # first move the buffers to another set's values
+                    check_call(n, which)
     if prof is not None:
         _attribute_device_time(prof, tags, results)
         # The stop rule above could only see wall time; on CUDA the device time is what counts.
@@ -266,8 +340,8 @@ def _attribute_device_time(prof: Any, tags: list[tuple[str, str]], results: dict
     events = prof.events()
     ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events
               if e.name.startswith("cuda_agent_timed_")}
-    gpu = sorted(((e.time_range.start, e.time_range.end, e.name) for e in events
-                  if getattr(e.device_type, "name", "") == "CUDA"), key=lambda x: x[0])
+    gpu = sorted(((e.time_range.start, e.time_range.end, e.name, getattr(e, "device_resource_id", -1))
+                  for e in events if getattr(e.device_type, "name", "") == "CUDA"), key=lambda x: x[0])
     starts = [g[0] for g in gpu]
     per_subject_index: dict[str, int] = {}
     for name, tag in tags:
@@ -278,8 +352,9 @@ def _attribute_device_time(prof: Any, tags: list[tuple[str, str]], results: dict
         lo, hi = ranges[tag]
         total = 0.0
         m = results[name]
-        for s, t, kname in gpu[bisect.bisect_left(starts, lo):bisect.bisect_right(starts, hi)]:
+        for s, t, kname, stream in gpu[bisect.bisect_left(starts, lo):bisect.bisect_right(starts, hi)]:
             total += t - s
+            m.streams.add(int(stream))
             key = kname[:120]
             m.kernels[key] = m.kernels.get(key, 0) + 1
             m.kernel_us[key] = m.kernel_us.get(key, 0.0) + (t - s)

@@ -1,0 +1,72 @@
+"""From measurements to speedups: rescaling, flags and the CUDA cross-checks of `speed.judge`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import speed
+
+
+def summary(device_us: float, wall_us: float | None = None, *, rel_ci: float = 0.001,
+            kernels: dict[str, float] | None = None, streams: tuple[int, ...] = (7,)) -> dict[str, Any]:
+    def stats(x: float) -> dict[str, float]:
+        return {"median_us": x, "min_us": x, "max_us": x, "mean_us": x, "iterations": 50, "rel_ci": rel_ci,
+                "spread": 0.0}
+
+    return {"device": stats(device_us), "wall": stats(wall_us if wall_us is not None else device_us + 10),
+            "kernels": {k: {"calls": 50, "us": v} for k, v in (kernels or {"my_kernel": device_us * 50}).items()},
+            "streams": list(streams)}
+
+
+EAGER = summary(100.0, kernels={"at::native::vectorized_elementwise_kernel<...>": 5000})
+COMPILE = summary(80.0, kernels={"triton_poi_fused_add_mul_0": 4000})
+
+
+def test_speedups_use_the_trusted_baselines_rescaled_only_downwards() -> None:
+    out = speed.judge(summary(50.0), EAGER, EAGER, COMPILE, "cuda")
+    assert out.rejected is None and out.speedup_vs_eager == 2.0 and out.speedup_vs_compile == 1.6
+    faster_now = speed.judge(summary(50.0), summary(90.0), EAGER, COMPILE, "cuda")  # the device got faster
+    assert faster_now.speedup_vs_eager == 1.8 and faster_now.details["scale"] == 0.9
+    slower_now = speed.judge(summary(50.0), summary(150.0), EAGER, COMPILE, "cuda")  # nothing gained
+    assert slower_now.speedup_vs_eager == 2.0 and R.FLAG_EAGER_SLOWER in slower_now.flags
+
+
+def test_flags_for_wide_intervals_and_implausible_speedups() -> None:
+    out = speed.judge(summary(5.0, rel_ci=0.05), EAGER, EAGER, COMPILE, "cpu")
+    assert R.FLAG_WIDE_CI in out.flags and R.FLAG_OVER_10X in out.flags and out.rejected is None
+
+
+def test_host_work_shows_as_a_wall_time_gap() -> None:
+    out = speed.judge(summary(20.0, wall_us=900.0), EAGER, EAGER, COMPILE, "cuda")
+    assert out.rejected and out.rejected[0] == R.RULE_WALL_GAP
+    assert speed.judge(summary(20.0, wall_us=900.0), EAGER, EAGER, COMPILE, "cpu").rejected is None
+
+
+def test_no_gpu_work_and_work_on_another_stream_are_rejected() -> None:
+    assert speed.judge(summary(0.0, wall_us=30.0), EAGER, EAGER, COMPILE, "cuda").rejected[0] == R.RULE_NO_DEVICE_WORK
+    out = speed.judge(summary(50.0, streams=(7, 13)), EAGER, EAGER, COMPILE, "cuda")
+    assert out.rejected and out.rejected[0] == R.RULE_STREAM and "13" in out.rejected[1]
+
+
+def test_time_in_pytorch_kernels_is_rejected_or_flagged() -> None:
+    mostly_torch = summary(50.0, kernels={"at::native::reduce_kernel<...>": 2000, "my_kernel": 500})
+    assert speed.judge(mostly_torch, EAGER, EAGER, COMPILE, "cuda").rejected[0] == R.RULE_FOREIGN_KERNELS
+    some_torch = summary(50.0, kernels={"at::native::reduce_kernel<...>": 400, "my_kernel": 2100, "sgemm_128x64": 10})
+    out = speed.judge(some_torch, EAGER, EAGER, COMPILE, "cuda")
+    assert out.rejected is None and R.FLAG_TORCH_KERNELS in out.flags
+    assert set(out.details["device_time_by_kind"]) == {"torch", "extension", "library"}
+
+
+def test_faster_than_memory_bandwidth_is_rejected() -> None:
+    mb = 400_000_000  # 400 MB in and out: 100 us at 4000 GB/s
+    ok = speed.judge(summary(120.0), summary(400.0), summary(400.0), summary(130.0), "cuda",
+                     io_bytes=mb, bandwidth_gbps=4000.0)
+    assert ok.rejected is None and 3000 < ok.details["implied_gbps"] < 3500
+    out = speed.judge(summary(40.0), summary(400.0), summary(400.0), summary(130.0), "cuda",
+                      io_bytes=mb, bandwidth_gbps=4000.0)
+    assert out.rejected and out.rejected[0] == R.RULE_BANDWIDTH and "GB/s" in out.rejected[1]
+    # When the baselines are "too fast" as well, the task reads less than all of its inputs: flag only.
+    both = speed.judge(summary(40.0), summary(60.0), summary(60.0), summary(50.0), "cuda",
+                       io_bytes=mb, bandwidth_gbps=4000.0)
+    assert both.rejected is None and R.FLAG_OVER_BANDWIDTH in both.flags

@@ -1,0 +1,84 @@
+"""Profiling on a real GPU: device time from the profiler, rewards of real CUDA solutions,
+and the cheats that only the timing can see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import timing
+
+from . import cases_cuda as C
+from .test_evaluate_cuda import run
+
+pytestmark = pytest.mark.gpu
+
+PROTO = timing.Protocol(budget_s=10.0)
+
+
+def prof(tmp_path: Path, task: Path, files: dict[str, str], **opts):  # type: ignore[no-untyped-def]
+    res = run(tmp_path, task, files, profile=True, protocol=PROTO, **opts)
+    t = res.times_us or {}
+    print(f"  reward={res.reward} vs eager {res.speedup_vs_eager} vs compile {res.speedup_vs_compile} "
+          f"(wall {res.wall_speedup_vs_eager} / {res.wall_speedup_vs_compile}) flags={res.flags}")
+    for name, s in t.items():
+        print(f"  {name:24s} median {s['median_us']:9.2f} us  min {s['min_us']:9.2f}  max {s['max_us']:9.2f}  "
+              f"n={s['iterations']}  ci={s['rel_ci']:.4f}")
+    if res.details.get("host_gap_us"):
+        print(f"  host gap {res.details['host_gap_us']}  kinds {res.details.get('device_time_by_kind')}  "
+              f"implied {res.details.get('implied_gbps')} GB/s")
+    return res
+
+
+@pytest.mark.parametrize(
+    "task, files",
+    [
+        (C.AXPBY_TASK, C.AXPBY),
+        (C.RELU_TASK, C.RELU),
+        (C.LINEAR_RELU_TASK, C.LINEAR_RELU),
+        (C.SOFTMAX_TASK, {"model_new.py": C.SOFTMAX_SINGLE_FILE}),
+        (C.CHAIN_TASK, C.chain(passes=1)),
+    ],
+    ids=["axpby", "relu", "linear_relu_cublas", "softmax_load_inline", "chain_fused"],
+)
+def test_real_cuda_solutions_are_timed_and_rewarded(tmp_path: Path, task: Path, files: dict[str, str]) -> None:
+    res = prof(tmp_path, task, files)
+    assert res.status == "ok" and res.correct, res.message
+    assert res.reward >= 1.0 and R.FLAG_NOT_PROFILED not in res.flags
+    for name in ("candidate", "eager", "compile"):
+        t = res.times_us[name]
+        assert 0 < t["min_us"] <= t["median_us"] <= t["max_us"] and t["iterations"] >= 10
+    kernels = res.details["kernels"]["candidate"]
+    assert kernels and res.details["device_time_by_kind"].get("extension", 0) + \
+        res.details["device_time_by_kind"].get("library", 0) > 0.5, kernels
+
+
+def test_chain_in_three_passes_is_faster_than_eager_only(tmp_path: Path) -> None:
+    res = prof(tmp_path, C.CHAIN_TASK, C.chain(passes=3))
+    assert res.status == "ok", res.message
+    assert res.speedup_vs_eager > 1.5 and res.speedup_vs_compile < 0.8 and res.reward == 2.0
+
+
+def test_work_escaping_to_a_side_stream_after_verification_is_rejected(tmp_path: Path) -> None:
+    res = prof(tmp_path, C.AXPBY_TASK, C.LATE_SIDE_STREAM, static_checks=False)
+    assert res.status == "rejected" and res.rule == R.RULE_STREAM, res.message
+
+
+def test_host_computation_is_rejected_by_the_wall_time_cross_check(tmp_path: Path) -> None:
+    res = prof(tmp_path, C.AXPBY_TASK, C.HOST_COMPUTE, static_checks=False)
+    assert res.status == "rejected" and res.rule == R.RULE_WALL_GAP, res.message
+
+
+def test_uninitialised_output_after_verification_is_incorrect(tmp_path: Path) -> None:
+    files = dict(C.AXPBY)
+    files["model_new.py"] = (
+        "import torch\nimport torch.nn as nn\n\nimport cuda_extension\n\n\n"
+        "class ModelNew(nn.Module):\n    def __init__(self, alpha):\n        super().__init__()\n"
+        "        self.alpha = alpha\n        self.calls = 0\n\n"
+        "    def forward(self, a, b):\n        self.calls += 1\n"
+        "        if self.calls <= 5:\n            return cuda_extension.axpby(a, b, self.alpha)\n"
+        "        return torch.empty_like(a)\n")
+    res = prof(tmp_path, C.AXPBY_TASK, files, static_checks=False)
+    assert res.status in ("incorrect", "rejected") and res.reward == -1.0, res.message
