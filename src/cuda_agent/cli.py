@@ -41,6 +41,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         trials=args.trials, run_timeout_s=args.timeout, build_timeout_s=args.build_timeout,
         gpu_index=args.gpu, arch=args.arch, profile=not args.no_profile, reward_name=args.reward,
         threshold=args.threshold, compile_mode=args.compile_mode, threads=args.threads,
+        baseline_cache=not args.fresh_baselines,
     )
     result = evaluate(task, solution, opts)
     if args.json:
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--compile-mode", default="default",
                     help="torch.compile mode of the baseline: default, reduce-overhead, max-autotune, ...")
     ev.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads when timing (default: all)")
+    ev.add_argument("--fresh-baselines", action="store_true",
+                    help="measure eager and torch.compile anew instead of using the baseline cache")
     ev.set_defaults(func=cmd_eval)
 
     ws = sub.add_parser("workspace", help="create an agent workspace for a task")

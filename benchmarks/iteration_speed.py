@@ -1,0 +1,188 @@
+"""Wall time of one agent iteration (edit one kernel file, compile, verify, profile) with
+cuda-agent, cold and warm, beside the released agent_workdir's flow on the same solution.
+
+    python benchmarks/iteration_speed.py [--device cuda|cpu] [--repeats 3]
+
+cuda-agent: `bash utils/compile.sh` then `python3 -m utils.profiling` (which verifies first)
+in a workspace; cold = empty cache directory (build, precompiled header, torch.compile
+baselines all new), warm = after a one-line edit of the kernel file. A `cuda-agent eval
+--json` of the edited workspace prints where the time goes.
+
+Released flow, as its scripts do it, each step a new process: force rebuild (build dir
+deleted, `torch.utils.cpp_extension.load` of every source), verification (reference and
+new model on fresh inputs, compared), profiling (5 warm-up and 10 profiled calls of the
+model, of `torch.compile(model)` compiled anew, and of the new model, device time summed
+from torch.profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "src" / "cuda_agent" / "workspace" / "templates"
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return dt, p.stdout
+
+
+RELEASED_BUILD = """
+import shutil, sys
+from pathlib import Path
+import torch.utils.cpp_extension as ce
+root = Path(sys.argv[1]); cuda = sys.argv[2] == "cuda"
+build = root / "build" / "forced_compile"
+shutil.rmtree(build, ignore_errors=True); build.mkdir(parents=True)
+srcs = sorted(str(p) for p in [*root.glob("*.cpp"), *(root / "kernels").glob("*.cu"), *(root / "kernels").glob("*.cpp")])
+ce.load(name="cuda_extension", sources=srcs, build_directory=str(build), verbose=False, with_cuda=cuda,
+        extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "--use_fast_math"])
+"""
+
+# Written for this benchmark: the same steps as the released scripts, not their code.
+RELEASED_VERIFY = """
+import sys
+from pathlib import Path
+root = Path(sys.argv[1]); dev = sys.argv[2]
+sys.path[:0] = [str(root), str(root / "build" / "forced_compile")]
+import torch
+import cuda_extension  # noqa: F401
+import model, model_new
+init = model.get_init_inputs()
+torch.manual_seed(0); ref = model.Model(*init).to(dev).eval()
+torch.manual_seed(0); new = model_new.ModelNew(*init).to(dev).eval()
+new.load_state_dict(ref.state_dict())
+with torch.no_grad():
+    for k in range(5):
+        torch.manual_seed(100 + k)
+        xs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in model.get_inputs()]
+        assert torch.allclose(ref(*xs), new(*xs), atol=1e-2, rtol=1e-2), k
+print("verify success")
+"""
+
+RELEASED_PROFILE = """
+import sys
+from pathlib import Path
+root = Path(sys.argv[1]); dev = sys.argv[2]
+sys.path[:0] = [str(root), str(root / "build" / "forced_compile")]
+import torch
+from torch.profiler import ProfilerActivity, profile
+import cuda_extension  # noqa: F401
+import model, model_new
+init = model.get_init_inputs()
+torch.manual_seed(0); ref = model.Model(*init).to(dev).eval()
+new = model_new.ModelNew(*init).to(dev).eval(); new.load_state_dict(ref.state_dict())
+compiled = torch.compile(ref)
+xs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in model.get_inputs()]
+acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+def device_us(m):
+    with torch.no_grad():
+        for _ in range(5):
+            m(*xs)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        with profile(activities=acts) as p:
+            for _ in range(10):
+                m(*xs)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+    evs = p.key_averages()
+    attr = "self_device_time_total" if dev == "cuda" else "self_cpu_time_total"
+    return sum(getattr(e, attr, 0.0) for e in evs) / 10
+for name, m in (("eager", ref), ("compile", compiled), ("candidate", new)):
+    print(name, round(device_us(m), 2))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--task", type=Path, default=REPO / "examples" / "tasks" / "axpby.py")
+    ap.add_argument("--solution", type=Path, default=None)
+    args = ap.parse_args()
+    sol = args.solution or REPO / "examples" / "solutions" / f"axpby_{args.device}"
+    tmp = Path(tempfile.mkdtemp(prefix="iteration-bench-"))
+    env = dict(os.environ, CUDA_AGENT_CACHE=str(tmp / "cache"), PYTHONUNBUFFERED="1")
+    py = sys.executable
+    ws = tmp / "ws"
+    subprocess.run([py, "-m", "cuda_agent.cli", "workspace", str(args.task), str(ws), "--device", args.device],
+                   check=True, env=env, capture_output=True)
+    shutil.copy(sol / "model_new.py", ws / "model_new.py")
+    for f in (sol / "kernels").iterdir():
+        shutil.copy(f, ws / "kernels" / f.name)
+    kernel = next(p for p in sorted((ws / "kernels").iterdir()) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
+
+    rows: list[tuple[str, list[float]]] = []
+    c, _ = timed(["bash", "utils/compile.sh"], ws, env)
+    v, _ = timed([py, "-m", "utils.verification"], ws, env)
+    p, out = timed([py, "-m", "utils.profiling"], ws, env)
+    rows += [("cuda-agent cold: compile.sh", [c]), ("cuda-agent cold: verification", [v]),
+             ("cuda-agent cold: profiling (verifies, measures baselines)", [p]),
+             ("cuda-agent cold: iteration total", [c + v + p])]
+    print(out)
+    warm_c, warm_p, warm_v = [], [], []
+    for i in range(args.repeats):
+        kernel.write_text(kernel.read_text() + f"\n// edit {i} {time.time_ns()}\n")
+        warm_c.append(timed(["bash", "utils/compile.sh"], ws, env)[0])
+        warm_p.append(timed([py, "-m", "utils.profiling"], ws, env)[0])
+        warm_v.append(timed([py, "-m", "utils.verification"], ws, env)[0])
+    rows += [("cuda-agent warm: compile.sh after a one-file edit", warm_c),
+             ("cuda-agent warm: profiling (verifies too)", warm_p),
+             ("cuda-agent warm: iteration = compile + profiling", [a + b for a, b in zip(warm_c, warm_p, strict=True)]),
+             ("cuda-agent warm: verification alone", warm_v)]
+    _, js = timed([py, "-m", "cuda_agent.cli", "eval", str(ws), str(ws), "--json", "--device", args.device], ws, env)
+    rec = json.loads(js)
+    print("where a warm evaluation spends its time (s):", rec.get("timings_s"))
+
+    rel = tmp / "released"
+    shutil.copytree(ws, rel, ignore=shutil.ignore_patterns("cuda_extension.so", "__pycache__"))
+    shutil.copy(TEMPLATES / "binding.cpp", rel / "binding.cpp")
+    shutil.copy(TEMPLATES / "binding_registry.h", rel / "binding_registry.h")
+    scripts = {}
+    for name, text in (("build", RELEASED_BUILD), ("verify", RELEASED_VERIFY), ("profile", RELEASED_PROFILE)):
+        scripts[name] = tmp / f"released_{name}.py"
+        scripts[name].write_text(textwrap.dedent(text))
+    r_env = dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor-released"))
+    rb, rv, rp = [], [], []
+    for i in range(args.repeats):
+        k = rel / "kernels" / kernel.name
+        k.write_text(k.read_text() + f"\n// edit {i}\n")
+        rb.append(timed([py, str(scripts["build"]), str(rel), args.device], rel, r_env)[0])
+        rv.append(timed([py, str(scripts["verify"]), str(rel), args.device], rel, r_env)[0])
+        t, out = timed([py, str(scripts["profile"]), str(rel), args.device], rel, r_env)
+        rp.append(t)
+    print("released-style profile printed:", out.strip().replace("\n", "; "))
+    rows += [("released: force rebuild", rb), ("released: verification", rv),
+             ("released: profiling (torch.compile anew)", rp),
+             ("released: iteration total", [a + b + c for a, b, c in zip(rb, rv, rp, strict=True)])]
+
+    print(f"\nper-iteration wall time, {args.device}, task {args.task.stem}, {os.cpu_count()} cores (seconds)")
+    print(f"{'step':58s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
+    for name, xs in rows:
+        print(f"{name:58s} {statistics.median(xs):8.2f} {min(xs):8.2f} {max(xs):8.2f}  {len(xs)}")
+    ours = statistics.median([a + b for a, b in zip(warm_c, warm_p, strict=True)])
+    theirs = statistics.median([a + b + c for a, b, c in zip(rb, rv, rp, strict=True)])
+    print(f"warm iteration: cuda-agent {ours:.2f} s, released flow {theirs:.2f} s: {theirs / ours:.1f}x faster")
+    print(f"cold first evaluation: {c + v + p:.2f} s (compile + verification + profiling)")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Repeatability of the timing: one correct solution evaluated N times, each in separate
+processes with the baselines measured anew (`--fresh-baselines`), and the spread of every
+time and speedup across runs.
+
+    python benchmarks/profile_repeatability.py [--runs 10] [--device cuda] [--task T] [--solution S]
+
+Prints, for candidate, eager and torch.compile (device time on CUDA) and for both speedups:
+mean, min, max and the coefficient of variation (standard deviation over mean) across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--task", type=Path, default=REPO / "benchmarks" / "tasks" / "axpby_large.py")
+    ap.add_argument("--solution", type=Path, default=None)
+    ap.add_argument("--json-out", type=Path, default=None, help="also write every run's record here")
+    args = ap.parse_args()
+    sol = args.solution or REPO / "examples" / "solutions" / f"axpby_{args.device}"
+    env = dict(os.environ)
+    env.setdefault("CUDA_AGENT_CACHE", tempfile.mkdtemp(prefix="repeat-bench-"))
+    series: dict[str, list[float]] = {k: [] for k in ("candidate", "eager", "compile", "eager_beside_candidate",
+                                                      "speedup_vs_eager", "speedup_vs_compile")}
+    records = []
+    for i in range(args.runs):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "eval", str(args.task), str(sol), "--json",
+                            "--device", args.device, "--fresh-baselines"], capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            raise SystemExit(f"run {i + 1} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        rec = json.loads(p.stdout)
+        records.append(rec)
+        if rec["status"] != "ok" or not rec.get("times_us"):
+            raise SystemExit(f"run {i + 1}: {rec['status']}: {rec['message'][:500]}")
+        for k in ("candidate", "eager", "compile", "eager_beside_candidate"):
+            series[k].append(rec["times_us"][k]["median_us"])
+        series["speedup_vs_eager"].append(rec["speedup_vs_eager"])
+        series["speedup_vs_compile"].append(rec["speedup_vs_compile"])
+        print(f"run {i + 1:2d}: candidate {series['candidate'][-1]:9.3f} us  eager {series['eager'][-1]:9.3f}  "
+              f"compile {series['compile'][-1]:9.3f}  vs compile {series['speedup_vs_compile'][-1]:.4f}  "
+              f"reward {rec['reward']}  flags {rec.get('flags')}  ({time.perf_counter() - t0:.1f} s)", flush=True)
+    unit = "device time" if args.device == "cuda" else "time"
+    print(f"\n{args.runs} separate evaluations of {sol.name} on {args.task.stem}, {args.device} ({unit}, median per run)")
+    print(f"{'series':24s} {'mean':>10s} {'min':>10s} {'max':>10s} {'CoV %':>7s}")
+    for k, xs in series.items():
+        m = statistics.fmean(xs)
+        cov = statistics.pstdev(xs) / m * 100 if m else float("nan")
+        print(f"{k:24s} {m:10.4f} {min(xs):10.4f} {max(xs):10.4f} {cov:7.3f}")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(records, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
