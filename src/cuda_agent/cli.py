@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from cuda_agent import __version__
 
@@ -61,6 +64,80 @@ def cmd_workspace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_optimize(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from cuda_agent.agent import (
+        AgentConfig,
+        OpenAIClient,
+        OpenAIConfig,
+        Progress,
+        ReplayClient,
+        run_episode,
+    )
+    from cuda_agent.agent.client import load_script
+    from cuda_agent.evaluator.evaluate import resolve_device
+
+    task = _pick_task(args.task, args.task_name)
+    device = resolve_device(args.device)
+    if args.replay:
+        try:
+            client: Any = ReplayClient(load_script(args.replay), name=f"replay:{Path(args.replay).name}")
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read the replay script {args.replay}: {exc}") from exc
+    else:
+        model = args.model or os.environ.get("CUDA_AGENT_MODEL")
+        if not model:
+            raise UsageError("name the model with --model (or $CUDA_AGENT_MODEL), or pass --replay SCRIPT")
+        client = OpenAIClient(OpenAIConfig(model=model, base_url=args.base_url, api_key=args.api_key,
+                                           timeout_s=args.request_timeout, temperature=args.temperature))
+    cfg = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens, wall_time_s=args.wall_time,
+                      score_every_build=args.score_every_build, sandbox=not args.no_sandbox,
+                      gpu_index=args.gpu if device == "cuda" else None)
+    out = Path(args.out or f"runs/{task.name}")
+    console = Console(stderr=True)
+
+    def view(p: Progress) -> Table:
+        t = Table.grid(padding=(0, 2))
+        best = f"{p.best_speedup:.3f}x vs torch.compile (reward {p.best_reward:g})" if p.best_speedup else \
+            ("correct" if p.best_reward else "none yet")
+        t.add_row(f"[bold]{task.name}[/]", f"turn {p.turn}/{cfg.max_turns}", f"last tool: {p.last_tool or '-'}",
+                  f"best: {best}", f"tokens: {p.tokens}", f"[dim]{p.status}")
+        return t
+
+    progress = Progress()
+    with Live(view(progress), console=console, refresh_per_second=4, transient=False) as live:
+        progress.on_update = lambda p: live.update(view(p))
+        try:
+            summary = asyncio.run(run_episode(task, client, out, device=device, config=cfg, resume=args.resume,
+                                              progress=progress))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    print(json.dumps(summary.to_dict(), indent=1) if args.json else
+          f"{task.name}: {summary.reason} after {summary.turns} turns; reward {summary.reward:g}"
+          + (f", {summary.speedup_vs_eager:.3f}x eager, {summary.speedup_vs_compile:.3f}x torch.compile"
+             if summary.speedup_vs_compile else "")
+          + f"\n  best solution: {out / 'best'}\n  trajectory:    {out / 'trajectory.jsonl'}"
+          + f"\n  summary:       {out / 'summary.json'}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from cuda_agent.agent.show import render
+
+    path = Path(args.trajectory)
+    if path.is_dir():
+        path = path / "trajectory.jsonl"
+    if not path.is_file():
+        raise UsageError(f"{args.trajectory}: no trajectory there")
+    render(path, full=args.full)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cuda-agent", description="Write, verify and reward custom kernels.")
     ap.add_argument("--version", action="version", version=f"cuda-agent {__version__}")
@@ -90,6 +167,32 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--fresh-baselines", action="store_true",
                     help="measure eager and torch.compile anew instead of using the baseline cache")
     ev.set_defaults(func=cmd_eval)
+
+    op = sub.add_parser("optimize", help="run the agent on a task: write, compile, verify, profile, improve")
+    op.add_argument("task", help="task file, folder/JSONL/parquet (with --task), or a workspace")
+    op.add_argument("--task", dest="task_name", help="task name or id when TASK holds several")
+    op.add_argument("--model", help="model name on the server (default $CUDA_AGENT_MODEL)")
+    op.add_argument("--base-url", help="OpenAI-compatible API base URL (default $OPENAI_BASE_URL)")
+    op.add_argument("--api-key", help="API key (default $OPENAI_API_KEY)")
+    op.add_argument("--replay", help="play back a script or a recorded trajectory instead of calling a model")
+    op.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    op.add_argument("--gpu", type=int, default=0)
+    op.add_argument("--max-turns", type=int, default=200)
+    op.add_argument("--context-tokens", type=int, default=131_072)
+    op.add_argument("--wall-time", type=float, default=4 * 3600.0, help="seconds for the episode")
+    op.add_argument("--request-timeout", type=float, default=600.0, help="seconds for one model request")
+    op.add_argument("--temperature", type=float, default=None)
+    op.add_argument("--score-every-build", action="store_true", help="profile every state that compiled")
+    op.add_argument("--out", help="output directory (default runs/TASK_NAME)")
+    op.add_argument("--resume", action="store_true", help="continue the episode in --out")
+    op.add_argument("--no-sandbox", action="store_true", help="run the tools without bubblewrap (unsafe)")
+    op.add_argument("--json", action="store_true", help="print the summary as JSON")
+    op.set_defaults(func=cmd_optimize)
+
+    sh = sub.add_parser("show", help="render a trajectory (or an --out directory) in the terminal")
+    sh.add_argument("trajectory")
+    sh.add_argument("--full", action="store_true", help="do not shorten long messages")
+    sh.set_defaults(func=cmd_show)
 
     ws = sub.add_parser("workspace", help="create an agent workspace for a task")
     ws.add_argument("task")

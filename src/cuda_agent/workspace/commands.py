@@ -1,22 +1,30 @@
 """What `bash utils/compile.sh`, `python3 -m utils.verification` and `python3 -m utils.profiling`
 run inside a workspace. Thin: each reads the workspace's solution files and hands them to the
-trusted evaluator, which works on a clean copy."""
+trusted evaluator, which works on a clean copy.
+
+Inside the agent's sandboxed shell the evaluator does not run in the sandbox at all: the
+command sends its name and arguments over the Unix socket named by
+`CUDA_AGENT_EVAL_SOCKET` to the agent's evaluation service, which runs the same command
+outside, on the episode's workspace, and sends back the text and exit code.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from cuda_agent.evaluator import build as B
-from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
-from cuda_agent.evaluator.solution import SolutionError, load_solution
-from cuda_agent.sandbox import SandboxConfig, SandboxUnavailable
-from cuda_agent.tasks import TaskError
-from cuda_agent.workspace import WorkspaceError, load_record
+SOCKET_ENV = "CUDA_AGENT_EVAL_SOCKET"
+COMMANDS = ("compile", "verification", "profiling")
+
+Emit = Callable[[str], None]
 
 
 def _workspace() -> Path:
@@ -28,28 +36,73 @@ def _no_sandbox() -> bool:
     return os.environ.get("CUDA_AGENT_NO_SANDBOX") == "1"
 
 
-def compile_main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="utils/compile.sh", description=__doc__).parse_args(argv)
-    ws = _workspace()
+def _forward(name: str, argv: list[str] | None) -> int | None:
+    """Run the command through the evaluation service when there is one; None if not."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return None
+    request = json.dumps({"command": name, "argv": list(argv if argv is not None else sys.argv[1:])})
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(path)
+            s.sendall(request.encode() + b"\n")
+            chunks = []
+            while True:
+                data = s.recv(1 << 16)
+                if not data:
+                    break
+                chunks.append(data)
+        reply = json.loads(b"".join(chunks).decode())
+    except (OSError, ValueError) as exc:
+        print(f"[FAIL] the evaluation service did not answer ({type(exc).__name__}: {exc})")
+        return 1
+    sys.stdout.write(reply.get("output", ""))
+    sys.stdout.flush()
+    return int(reply.get("rc", 1))
+
+
+def run_command(name: str, ws: Path, argv: list[str], emit: Emit, *, sandbox: bool = True) -> tuple[int, Any]:
+    """Run one workspace command on `ws`; its text goes to `emit`. Returns the exit code
+    and what the evaluator returned (a BuildResult or EvalResult, None on a usage error)."""
+    if name not in COMMANDS:
+        emit(f"unknown command {name!r}; the workspace commands are {', '.join(COMMANDS)}\n")
+        return 2, None
+    return {"compile": _compile, "verification": _verification, "profiling": _profiling}[name](
+        ws, argv, emit, sandbox)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def _compile(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int, Any]:
+    from cuda_agent.evaluator import build as B
+    from cuda_agent.evaluator.solution import SolutionError, load_solution
+    from cuda_agent.sandbox import SandboxConfig, SandboxUnavailable
+    from cuda_agent.tasks import TaskError
+    from cuda_agent.workspace import WorkspaceError, load_record
+
+    _Parser(prog="utils/compile.sh", description=__doc__).parse_args(argv)
     t0 = time.perf_counter()
     try:
         rec = load_record(ws)
         sol = load_solution(ws)
         if sol.format == "single_file":
-            print("model_new.py builds its own extension with load_inline; nothing to compile here. "
-                  "Run python3 -m utils.verification.")
-            return 0
+            emit("model_new.py builds its own extension with load_inline; nothing to compile here. "
+                 "Run python3 -m utils.verification.\n")
+            return 0, None
         spec = B.workspace_extension(sol, rec.device)
-        opts = B.BuildOptions(device=rec.device, sandbox=SandboxConfig(enabled=not _no_sandbox()))
+        opts = B.BuildOptions(device=rec.device, sandbox=SandboxConfig(enabled=sandbox))
         res = B.build_extension(spec, opts, str(ws))
     except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable, RuntimeError) as exc:
-        print(f"Compilation failed: {exc}")
-        return 1
+        emit(f"Compilation failed: {exc}\n")
+        return 1, None
     dt = time.perf_counter() - t0
     if not res.ok:
-        print("Compilation failed.\n" + res.message)
-        print(f"[TIME] Compilation took {dt:.2f}s")
-        return 1
+        emit("Compilation failed.\n" + res.message + "\n")
+        emit(f"[TIME] Compilation took {dt:.2f}s\n")
+        return 1, res
     target = ws / "cuda_extension.so"
     tmp = ws / f".cuda_extension.so.tmp{os.getpid()}"
     assert res.so_path is not None
@@ -57,68 +110,95 @@ def compile_main(argv: list[str] | None = None) -> int:
     os.replace(tmp, target)
     what = "cached build" if res.cached else (
         f"recompiled {', '.join(r for r in res.rebuilt if not r.startswith('link'))}" if res.rebuilt else "up to date")
-    print(f"Compile success: cuda_extension.so ({what})")
-    print(f"[TIME] Compilation took {dt:.2f}s")
-    return 0
+    emit(f"Compile success: cuda_extension.so ({what})\n")
+    emit(f"[TIME] Compilation took {dt:.2f}s\n")
+    return 0, res
 
 
-def verification_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m utils.verification")
+def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, profile: bool) -> tuple[int, Any]:
+    from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
+    from cuda_agent.evaluator.solution import SolutionError, load_solution
+    from cuda_agent.sandbox import SandboxUnavailable
+    from cuda_agent.tasks import TaskError
+    from cuda_agent.workspace import WorkspaceError, load_record
+
+    ap = _Parser(prog=prog)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args(argv)
-    ws = _workspace()
     try:
         rec = load_record(ws)
         sol = load_solution(ws)
-        res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=not _no_sandbox(),
-                                                  build_key=str(ws), profile=False))
+        res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=sandbox,
+                                                  build_key=str(ws), profile=profile))
     except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
-        print(f"[FAIL] {exc}")
-        return 1
-    if res.correct:
-        for k in range(res.trials):
-            print(f"[PASS] check {k + 1}/{res.trials}")
-        print("[PASS] verify success")
-        return 0
-    print(f"[FAIL] {res.status}" + (f" ({res.rule})" if res.rule else ""))
-    print(res.message)
-    return 1
-
-
-def profiling_main(argv: list[str] | None = None) -> int:
-    """Verify, then time the solution against eager PyTorch and torch.compile."""
-    ap = argparse.ArgumentParser(prog="python3 -m utils.profiling")
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args(argv)
-    ws = _workspace()
-    try:
-        rec = load_record(ws)
-        sol = load_solution(ws)
-        res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=not _no_sandbox(),
-                                                  build_key=str(ws), profile=True))
-    except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
-        print(f"[FAIL] {exc}")
-        return 1
+        emit(f"[FAIL] {exc}\n")
+        return 1, None
     if not res.correct:
-        print(f"[FAIL] {res.status}" + (f" ({res.rule})" if res.rule else ""))
-        print(res.message)
-        return 1
+        emit(f"[FAIL] {res.status}" + (f" ({res.rule})" if res.rule else "") + "\n")
+        emit(res.message + "\n")
+        return 1, res
+    return 0, res
+
+
+def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int, Any]:
+    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.verification", profile=False)
+    if rc == 0:
+        for k in range(res.trials):
+            emit(f"[PASS] check {k + 1}/{res.trials}\n")
+        emit("[PASS] verify success\n")
+    return rc, res
+
+
+def _profiling(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int, Any]:
+    """Verify, then time the solution against eager PyTorch and torch.compile."""
+    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.profiling", profile=True)
+    if rc != 0:
+        return rc, res
     unit = "device time" if res.device == "cuda" else "time"
     names = {"candidate": "Your kernels (model_new.py)", "eager": "Torch eager", "compile": "torch.compile"}
     for key, label in names.items():
         t = res.times_us.get(key)
         if t:
-            print(f"{label:30s} {unit} median {t['median_us']:.2f} us "
-                  f"(min {t['min_us']:.2f}, max {t['max_us']:.2f}, {int(t['iterations'])} runs)")
+            emit(f"{label:30s} {unit} median {t['median_us']:.2f} us "
+                 f"(min {t['min_us']:.2f}, max {t['max_us']:.2f}, {int(t['iterations'])} runs)\n")
     if res.speedup_vs_eager is not None:
-        print(f"Speedup vs torch eager:    {res.speedup_vs_eager:.3f}x")
-        print(f"Speedup vs torch.compile:  {res.speedup_vs_compile:.3f}x")
-        print(f"Reward ({res.reward_name}): {res.reward:g}")
+        emit(f"Speedup vs torch eager:    {res.speedup_vs_eager:.3f}x\n")
+        emit(f"Speedup vs torch.compile:  {res.speedup_vs_compile:.3f}x\n")
+        emit(f"Reward ({res.reward_name}): {res.reward:g}\n")
     else:
-        print(res.message)
+        emit(res.message + "\n")
     if res.flags:
-        print("Flags: " + ", ".join(res.flags))
-    return 0
+        emit("Flags: " + ", ".join(res.flags) + "\n")
+    return 0, res
+
+
+def _main(name: str, argv: list[str] | None) -> int:
+    rc = _forward(name, argv)
+    if rc is not None:
+        return rc
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        return run_command(name, _workspace(), list(argv if argv is not None else sys.argv[1:]), emit,
+                           sandbox=not _no_sandbox())[0]
+    except ValueError as exc:  # a usage error
+        print(exc, file=sys.stderr)
+        return 2
+
+
+def compile_main(argv: list[str] | None = None) -> int:
+    return _main("compile", argv)
+
+
+def verification_main(argv: list[str] | None = None) -> int:
+    return _main("verification", argv)
+
+
+def profiling_main(argv: list[str] | None = None) -> int:
+    return _main("profiling", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

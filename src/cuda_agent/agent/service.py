@@ -1,0 +1,118 @@
+"""The episode's evaluation service: the workspace commands, run outside the sandbox.
+
+Inside the agent's shell, `bash utils/compile.sh`, `python3 -m utils.verification` and
+`python3 -m utils.profiling` send their name and arguments over a Unix socket (see
+`cuda_agent.workspace.commands`). This service answers them by running the trusted
+evaluator on the episode's workspace, one request at a time, and reports every result
+to the loop (for the trajectory, the best state and `--score-every-build`). Nothing the
+shell sends chooses the workspace or the evaluator's options; a request is a command
+name and its flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.workspace.commands import COMMANDS, run_command
+
+# (command, argv, exit code, output text, evaluator result or None)
+Listener = Callable[[str, list[str], int, str, Any], None]
+
+_MAX_REQUEST = 64 * 1024
+
+
+class EvalService:
+    def __init__(self, workspace: Path, control_dir: Path, *, sandbox: bool = True,
+                 listener: Listener | None = None) -> None:
+        self.workspace = workspace
+        self.sandbox = sandbox
+        self.listener = listener
+        self.path = control_dir / "eval.sock"
+        self._lock = threading.Lock()  # one evaluation at a time per episode
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(self.path))
+        self.path.chmod(0o666)  # the sandbox's uid must be able to connect
+        s.listen(8)
+        s.settimeout(0.2)
+        self._sock = s
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="cuda-agent-eval-service")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30)
+            try:
+                data = b""
+                while b"\n" not in data and len(data) < _MAX_REQUEST:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                req = json.loads(data.split(b"\n", 1)[0].decode())
+                name, argv = str(req.get("command")), [str(a) for a in req.get("argv") or []]
+            except (OSError, ValueError, AttributeError) as exc:
+                self._reply(conn, 2, f"[FAIL] malformed request to the evaluation service: {exc}\n")
+                return
+            rc, text = self.run(name, argv)
+            conn.settimeout(None)
+            self._reply(conn, rc, text)
+
+    def run(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """Run one command on the workspace (also what the loop calls to score a state)."""
+        parts: list[str] = []
+        result: Any = None
+        with self._lock:
+            try:
+                if name not in COMMANDS:
+                    raise ValueError(f"unknown command {name!r}")
+                rc, result = run_command(name, self.workspace, argv, parts.append, sandbox=self.sandbox)
+            except (ValueError, SystemExit) as exc:  # usage errors (argparse)
+                rc, parts = 2, [*parts, f"{exc}\n"]
+            except Exception as exc:  # the evaluator itself failed: say so, keep serving
+                rc, parts = 1, [*parts, f"[FAIL] evaluator error: {type(exc).__name__}: {exc}\n",
+                                traceback.format_exc(limit=4)[-2000:]]
+        text = "".join(parts)
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                self.listener(name, argv, rc, text, result)
+        return rc, text
+
+    @staticmethod
+    def _reply(conn: socket.socket, rc: int, text: str) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"rc": rc, "output": text}).encode())
+            conn.shutdown(socket.SHUT_WR)
