@@ -18,6 +18,7 @@ import re
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,9 @@ class ShellSession:
         self._eof = False
         self._n = 0
         self._token = ""
+        # The sandbox dies with the thread that started it (bwrap's --die-with-parent is
+        # per thread), so every start and command runs on this one long-lived thread.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuda-agent-shell")
 
     # ----------------------------------------------------------------- life cycle
 
@@ -69,9 +73,18 @@ class ShellSession:
         return self.session.uid if self.session else None
 
     def close(self) -> None:
+        self._close_session()
+        self.executor.shutdown(wait=False)
+
+    def _close_session(self) -> None:
         if self.session is not None:
             self.session.close()
             self.session = None
+
+    async def arun(self, command: str, timeout_s: float) -> ShellOutput:
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.run, command, timeout_s)
 
     def _reader(self, session: Session) -> None:
         out = session.proc.stdout
@@ -93,9 +106,10 @@ class ShellSession:
     # ----------------------------------------------------------------- commands
 
     def run(self, command: str, timeout_s: float) -> ShellOutput:
+        """Run one command (call it on `executor`'s thread, e.g. through `arun`)."""
         restarted = False
         if self.session is None or not self.session.alive():
-            self.close()
+            self._close_session()
             self.start()
             restarted = self._n > 0
         assert self.session is not None and self.session.proc.stdin is not None
@@ -145,7 +159,7 @@ class ShellSession:
         if m:
             return ShellOutput(text, code, False, restarted, seconds, cut)
         timed_out = not self._eof
-        self.close()  # a hung command takes the shell with it; the next command gets a new one
+        self._close_session()  # a hung command takes the shell with it; the next command gets a new one
         return ShellOutput(text, None, timed_out, restarted, seconds, cut)
 
 

@@ -9,7 +9,6 @@ run through `bash`, as in the published system.
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import json
 import os
@@ -177,7 +176,7 @@ class Tools:
             raise ToolError("command must be a non-empty string")
         timeout = float(args.get("timeout") or self.command_timeout_s)
         timeout = max(1.0, min(timeout, self.command_timeout_s))
-        out = await asyncio.to_thread(self.shell.run, cmd, timeout)
+        out = await self.shell.arun(cmd, timeout)
         text = out.output
         if out.cut_bytes:
             text += f"\n[... {out.cut_bytes} bytes of output were cut from the middle ...]"
