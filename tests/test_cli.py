@@ -83,3 +83,20 @@ def test_no_sandbox_flag_runs_unsandboxed() -> None:
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)
     assert rec["status"] == "ok" and rec["sandboxed"] is False
+
+
+def test_optimize_replay_demo_and_show(tmp_path: Path) -> None:
+    # The README's demo: a scripted agent on the CPU backend, no model needed.
+    out = tmp_path / "run"
+    p = cli("optimize", str(TASK), "--replay", str(REPO / "examples" / "replay" / "axpby_cpu.json"), "--device", "cpu",
+            "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout)
+    assert summary["reason"] == "finish" and summary["correct"] and summary["reward"] >= 1.0
+    assert (out / "best" / "kernels" / "axpby.cpp").is_file() and (out / "trajectory.jsonl").is_file()
+    shown = cli("show", str(out))
+    assert shown.returncode == 0 and "end: finish" in shown.stdout and "verify success" in shown.stdout
+    again = cli("optimize", str(TASK), "--replay", str(REPO / "examples" / "replay" / "axpby_cpu.json"),
+                "--device", "cpu", "--out", str(out))
+    assert again.returncode == 2 and "--resume" in again.stderr  # never overwrites an episode
+    assert cli("optimize", str(TASK), "--device", "cpu", "--out", str(tmp_path / "x")).returncode == 2  # no model named

@@ -138,6 +138,90 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from cuda_agent.bench.report import write_report
+    from cuda_agent.bench.runner import AgentSpec, BenchConfig, run_bench
+    from cuda_agent.bench.suite import load_suite
+    from cuda_agent.evaluator.evaluate import resolve_device
+
+    if bool(args.solutions) == bool(args.agent):
+        raise UsageError("give either --solutions DIR or --agent (with --model/--base-url or --replay)")
+    entries = load_suite(args.tasks)
+    device = resolve_device(args.device)
+    agent = None
+    if args.agent:
+        if not (args.model or args.replay or os.environ.get("CUDA_AGENT_MODEL")):
+            raise UsageError("--agent needs --model (or $CUDA_AGENT_MODEL) or --replay SCRIPT")
+        agent = AgentSpec(model=args.model or os.environ.get("CUDA_AGENT_MODEL"), base_url=args.base_url,
+                          api_key=args.api_key, replay=args.replay, max_turns=args.max_turns,
+                          episodes_per_device=args.episodes_per_device)
+    solutions = Path(args.solutions) if args.solutions else None
+    if solutions is not None and not solutions.is_dir():
+        raise UsageError(f"--solutions {solutions} is not a folder")
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(max(1, args.workers or _gpu_count())))
+    cfg = BenchConfig(device=device, gpus=gpus, workers=args.workers or 1, agent=agent, ray_address=args.ray,
+                      eval_options={"sandbox": not args.no_sandbox, "profile": not args.no_profile,
+                                    "trials": args.trials, "run_timeout_s": args.timeout,
+                                    "threshold": args.threshold})
+    out = Path(args.out or "bench-out")
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console) as bar:
+        tid = bar.add_task("bench", total=len(entries), last="")
+
+        def planned(todo: int, skipped: int) -> None:
+            bar.update(tid, completed=skipped, description=f"bench ({skipped} done before)" if skipped else "bench")
+
+        def done(rec: Any) -> None:
+            sp = f" {rec.speedup_vs_compile:.2f}x" if rec.speedup_vs_compile else ""
+            bar.update(tid, advance=1, last=f"{rec.task_name}: {rec.status}{sp}")
+
+        try:
+            records = run_bench(entries, out, solutions=solutions, cfg=cfg, resume=args.resume, on_record=done,
+                                on_plan=planned)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    md, page = write_report(out, threshold=args.threshold)
+    from cuda_agent.bench.metrics import metrics
+
+    m = metrics(records, args.threshold)
+    print(f"{m['tasks']} tasks: pass {100 * m.get('pass_rate', 0):.1f}%, faster than eager "
+          f"{100 * m.get('faster_than_eager', 0):.1f}%, than torch.compile {100 * m.get('faster_than_compile', 0):.1f}%, "
+          f"geomean {m.get('geomean_vs_compile') or '-'}x vs torch.compile\n  results: {out / 'results.jsonl'}\n"
+          f"  report:  {md}, {page}")
+    return 0
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 1
+    except Exception:
+        return 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cuda_agent.bench.report import write_report
+
+    try:
+        md, page = write_report(Path(args.results), Path(args.out) if args.out else None, threshold=args.threshold)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"wrote {md} and {page}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cuda-agent", description="Write, verify and reward custom kernels.")
     ap.add_argument("--version", action="version", version=f"cuda-agent {__version__}")
@@ -188,6 +272,35 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--no-sandbox", action="store_true", help="run the tools without bubblewrap (unsafe)")
     op.add_argument("--json", action="store_true", help="print the summary as JSON")
     op.set_defaults(func=cmd_optimize)
+
+    be = sub.add_parser("bench", help="evaluate solutions, or run the agent, over a task suite; then report")
+    be.add_argument("tasks", help="folder of task files (e.g. KernelBench's level1..3), JSONL/parquet, or one file")
+    be.add_argument("--solutions", help="folder of solutions, matched to tasks by name")
+    be.add_argument("--agent", action="store_true", help="run the agent per task instead")
+    be.add_argument("--model")
+    be.add_argument("--base-url")
+    be.add_argument("--api-key")
+    be.add_argument("--replay", help="with --agent: a script played back instead of a model")
+    be.add_argument("--max-turns", type=int, default=200)
+    be.add_argument("--episodes-per-device", type=int, default=1, help="with --agent: concurrent episodes per GPU")
+    be.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    be.add_argument("--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible)")
+    be.add_argument("--workers", type=int, default=None, help="CPU backend: workers sharing the cores; CUDA: GPUs")
+    be.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster ('auto', 'local' or an address)")
+    be.add_argument("--out", help="output folder (default bench-out)")
+    be.add_argument("--resume", action="store_true", help="skip tasks already in --out/results.jsonl")
+    be.add_argument("--no-profile", action="store_true")
+    be.add_argument("--trials", type=int, default=5)
+    be.add_argument("--timeout", type=float, default=300.0)
+    be.add_argument("--threshold", type=float, default=0.05)
+    be.add_argument("--no-sandbox", action="store_true")
+    be.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser("report", help="write the Markdown/HTML report of a bench run")
+    rp.add_argument("results", help="results.jsonl or the bench --out folder")
+    rp.add_argument("--out", help="folder for the report (default: beside the results)")
+    rp.add_argument("--threshold", type=float, default=0.05)
+    rp.set_defaults(func=cmd_report)
 
     sh = sub.add_parser("show", help="render a trajectory (or an --out directory) in the terminal")
     sh.add_argument("trajectory")

@@ -95,13 +95,17 @@ def test_broken_kernel_is_fixed_after_reading_the_compiler_error(tmp_path: Path)
         return FINISH
 
     with ScriptedServer(policy) as srv:
-        s, events, _ = episode(tmp_path, srv)
+        s, events, _ = episode(tmp_path, srv, score_every_build=True)
     assert "Compilation failed" in seen[0] and "a_typo" in seen[0] and len(seen[0]) < 4000  # trimmed, actionable
     outs = tool_outputs(events)
     assert "Edited kernels/axpby.cpp" in outs[4] and "[PASS] verify success" in outs[5]
     assert s.reason == "finish" and s.turns == 5
     compiles = [e["rc"] for e in events if e["type"] == "evaluation" and e["command"] == "compile"]
     assert compiles == [1, 0]
+    # --score-every-build: the state that compiled was profiled, and it is the best one kept
+    scored = [e for e in events if e["type"] == "evaluation" and e["source"] == "score"]
+    assert len(scored) == 1 and scored[0]["result"]["correct"] and s.correct and s.best_from == "turn 4"
+    assert "a_typo" not in (tmp_path / "run" / "best" / "kernels" / "axpby.cpp").read_text()
 
 
 def test_locked_files_and_the_network_are_refused(tmp_path: Path) -> None:

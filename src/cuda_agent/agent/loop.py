@@ -108,7 +108,8 @@ def task_prompt(task: Task, device: str) -> str:
 
 class Episode:
     def __init__(self, task: Task, client: ModelClient, out_dir: Path, device: str, config: AgentConfig,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, eval_lock: Any = None) -> None:
+        self.eval_lock = eval_lock
         self.task, self.client, self.device, self.cfg = task, client, device, config
         self.out = out_dir
         self.ws = out_dir / "workspace"
@@ -266,7 +267,8 @@ class Episode:
             return self._summary_from_file()
         control = Path(tempfile.mkdtemp(prefix="cuda-agent-control-"))
         control.chmod(0o755)
-        self.service = EvalService(self.ws, control, sandbox=self.cfg.sandbox, listener=self._on_command)
+        self.service = EvalService(self.ws, control, sandbox=self.cfg.sandbox, listener=self._on_command,
+                                   device_lock=self.eval_lock)
         self.service.start()
         locked = [(self.ws / name, str(self.ws / name)) for name in LOCKED if (self.ws / name).exists()]
         env = {SOCKET_ENV: str(self.service.path), "CUDA_AGENT_WORKSPACE": str(self.ws)}
@@ -382,7 +384,9 @@ class Episode:
 
 async def run_episode(task: Task, client: ModelClient, out_dir: str | Path, *, device: str = "cuda",
                       config: AgentConfig | None = None, resume: bool = False,
-                      progress: Progress | None = None) -> EpisodeSummary:
-    """Run (or resume) one episode of `client` on `task`; everything goes under `out_dir`."""
-    ep = Episode(task, client, Path(out_dir).resolve(), device, config or AgentConfig(), progress)
+                      progress: Progress | None = None, eval_lock: Any = None) -> EpisodeSummary:
+    """Run (or resume) one episode of `client` on `task`; everything goes under `out_dir`.
+    `eval_lock` (shared by episodes on one device) makes their verifications and timings
+    take turns on it."""
+    ep = Episode(task, client, Path(out_dir).resolve(), device, config or AgentConfig(), progress, eval_lock)
     return await ep.run(resume=resume)

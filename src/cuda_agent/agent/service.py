@@ -30,12 +30,14 @@ _MAX_REQUEST = 64 * 1024
 
 class EvalService:
     def __init__(self, workspace: Path, control_dir: Path, *, sandbox: bool = True,
-                 listener: Listener | None = None) -> None:
+                 listener: Listener | None = None, device_lock: Any = None) -> None:
         self.workspace = workspace
         self.sandbox = sandbox
         self.listener = listener
         self.path = control_dir / "eval.sock"
         self._lock = threading.Lock()  # one evaluation at a time per episode
+        # Shared by the episodes on one device: verification and timing take turns there.
+        self.device_lock = device_lock if device_lock is not None else contextlib.nullcontext()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -99,7 +101,8 @@ class EvalService:
             try:
                 if name not in COMMANDS:
                     raise ValueError(f"unknown command {name!r}")
-                rc, result = run_command(name, self.workspace, argv, parts.append, sandbox=self.sandbox)
+                with self.device_lock if name != "compile" else contextlib.nullcontext():
+                    rc, result = run_command(name, self.workspace, argv, parts.append, sandbox=self.sandbox)
             except (ValueError, SystemExit) as exc:  # usage errors (argparse)
                 rc, parts = 2, [*parts, f"{exc}\n"]
             except Exception as exc:  # the evaluator itself failed: say so, keep serving

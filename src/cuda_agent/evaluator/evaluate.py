@@ -651,3 +651,19 @@ def evaluate(task: Task, solution: Solution, options: EvalOptions | None = None)
     res.timings_s = {k: round(v, 3) for k, v in ev.timings.items()}
     return res
 
+
+
+def prebuild(task: Task, solution: Solution, options: EvalOptions | None = None) -> bool:
+    """Build the solution's extension(s) into the content-hash cache, nothing else, so a
+    later `evaluate` of the same files finds them built (CPU work, done ahead of the GPU
+    work by the benchmark's build pool). False if it did not build; `evaluate` then
+    reports why."""
+    opts = options or EvalOptions()
+    ev = Evaluation(task, solution, opts)
+    try:
+        if opts.static_checks and check_solution(ev.solution.files, device=ev.device,
+                                                 single_file=ev.solution.format == SINGLE_FILE):
+            return False
+        return ev.build().ok
+    finally:
+        shutil.rmtree(ev.work, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Benchmarks over task suites: solutions or agent episodes on a worker pool, metrics, reports."""
