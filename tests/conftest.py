@@ -11,7 +11,16 @@ import pytest
 
 # Before anything imports cuda_agent.paths users: a session-wide cache, or a persistent one
 # when CUDA_AGENT_TEST_CACHE is set (keeps the precompiled headers between runs).
-_cache = os.environ.get("CUDA_AGENT_TEST_CACHE") or tempfile.mkdtemp(prefix="cuda-agent-test-cache-")
+# Under pytest-xdist the workers of one run share it (builds and baselines are locked and
+# written atomically), so each build and each baseline is made once per run.
+_run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if os.environ.get("CUDA_AGENT_TEST_CACHE"):
+    _cache = os.environ["CUDA_AGENT_TEST_CACHE"]
+elif _run:
+    _cache = os.path.join(tempfile.gettempdir(), f"cuda-agent-test-cache-{_run}")
+    os.makedirs(_cache, exist_ok=True)
+else:
+    _cache = tempfile.mkdtemp(prefix="cuda-agent-test-cache-")
 os.environ["CUDA_AGENT_CACHE"] = _cache
 
 REPO = Path(__file__).resolve().parent.parent

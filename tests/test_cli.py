@@ -79,7 +79,7 @@ def test_no_working_sandbox_is_refused_unless_asked(tmp_path: Path) -> None:
 
 
 def test_no_sandbox_flag_runs_unsandboxed() -> None:
-    p = cli("eval", str(TASK), str(SOLUTION), "--device", "cpu", "--json", "--no-sandbox")
+    p = cli("eval", str(TASK), str(SOLUTION), "--device", "cpu", "--json", "--no-sandbox", "--no-profile")
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)
     assert rec["status"] == "ok" and rec["sandboxed"] is False
