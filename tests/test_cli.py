@@ -93,6 +93,7 @@ def test_optimize_replay_demo_and_show(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads(p.stdout)
     assert summary["reason"] == "finish" and summary["correct"] and summary["reward"] >= 1.0
+    assert summary["final"]["status"] == "ok" and summary["best_from"] in ("final", "turn 6")  # the final score
     assert (out / "best" / "kernels" / "axpby.cpp").is_file() and (out / "trajectory.jsonl").is_file()
     shown = cli("show", str(out))
     assert shown.returncode == 0 and "end: finish" in shown.stdout and "verify success" in shown.stdout
