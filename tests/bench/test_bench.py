@@ -108,3 +108,27 @@ def test_resume_after_a_kill_and_ray_gives_the_same_records(suite: tuple[Path, P
     ray_recs = run_bench(load_suite(tasks), tmp_path / "ray", solutions=sols, cfg=cfg)
     assert {r.key: (r.status, r.correct, r.reward, r.rule) for r in ray_recs} == local
     assert {r.worker for r in ray_recs} <= {"ray-cpu0", "ray-cpu1"} and metrics(ray_recs)["pass_rate"] == 0.5
+
+
+def test_agent_episodes_share_the_pool(suite: tuple[Path, Path], tmp_path: Path) -> None:
+    # Two episodes at once on one device slot (evaluations take turns); a replayed agent that
+    # looks around and finishes without writing kernels: each task is scored (and fails).
+    tasks, _ = suite
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "arguments": {"command": "ls kernels; head -1 model.py"}}]},
+                                  {"tool_calls": [{"name": "finish", "arguments": {"summary": "nothing"}}]}]))
+    only = tmp_path / "two"
+    (only / "level1").mkdir(parents=True)
+    for name in ("1_axpby.py", "19_ReLU.py"):
+        shutil.copy(tasks / "level1" / name, only / "level1" / name)
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "bench", str(only), "--agent", "--replay", str(script),
+                        "--episodes-per-device", "2", "--device", "cpu", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = ResultsFile(out / "results.jsonl").read()
+    assert sorted(r.task_name for r in recs) == ["19_ReLU", "1_axpby"]
+    for r in recs:
+        assert not r.correct and r.reward == -1.0 and "finish after 2 turns" in r.message
+        assert Path(r.trajectory).is_file()
+    assert 'href="episodes/level1/' in (out / "report.html").read_text()
