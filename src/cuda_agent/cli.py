@@ -222,6 +222,76 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_datagen(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from cuda_agent.datagen.compose import PUBLISHED_MIX, normalised_mix
+    from cuda_agent.datagen.pipeline import DatagenConfig, Generator, Summary
+    from cuda_agent.evaluator.evaluate import resolve_device
+
+    mix: dict[int | str, float] = dict(PUBLISHED_MIX)
+    if args.mix:
+        try:
+            mix = {(k if k == "transformers" else int(k)): float(v)
+                   for k, v in (part.split("=") for part in args.mix.split(","))}
+        except ValueError as exc:
+            raise UsageError(f"--mix takes e.g. 1=0.1,2=0.8,3=0.1 ({exc})") from exc
+    llm = None
+    if args.composer == "llm":
+        from cuda_agent.agent import OpenAIClient, OpenAIConfig
+
+        model = args.model or os.environ.get("CUDA_AGENT_MODEL")
+        if not model:
+            raise UsageError("--composer llm needs --model (or $CUDA_AGENT_MODEL)")
+        llm = OpenAIClient(OpenAIConfig(model=model, base_url=args.base_url, api_key=args.api_key))
+    device = resolve_device(args.device)
+    cfg = DatagenConfig(n=args.n, seed=args.seed, composer=args.composer, mix=mix, device=device, gpu_index=args.gpu,
+                        min_ms=args.min_ms, max_ms=args.max_ms, runtime_filter=not args.no_runtime_filter,
+                        compile_filter=not args.no_compile_filter,
+                        decontaminate=Path(args.decontaminate) if args.decontaminate else None,
+                        threshold=args.threshold, workers=args.workers, scale=args.scale,
+                        sandbox=not args.no_sandbox, llm=llm)
+    out = Path(args.out)
+    console = Console(stderr=True)
+
+    def line(s: Summary) -> str:
+        rej = ", ".join(f"{k} {v}" for k, v in s.rejected.most_common()) or "none"
+        return f"datagen: {s.produced}/{cfg.n} produced from {s.candidates} candidates; rejected: {rej}"
+
+    with Live(line(Summary()), console=console, refresh_per_second=4) as live:
+        try:
+            gen = Generator(cfg, out, resume=args.resume, on_update=lambda s: live.update(line(s)))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        s = gen.run()
+    target = normalised_mix(mix)
+    t = Table(title=f"{s.produced} tasks in {out} ({s.candidates} candidates, {s.seconds:.0f} s, "
+                    f"yield {100 * s.produced / max(1, s.candidates):.1f}%)")
+    t.add_column("operators")
+    t.add_column("produced", justify="right")
+    t.add_column("share", justify="right")
+    t.add_column("target", justify="right")
+    for k in sorted(target, key=str):
+        n = s.n_ops.get(str(k), 0)
+        t.add_row(str(k), str(n), f"{100 * n / max(1, s.produced):.1f}%", f"{100 * target[k]:.1f}%")
+    r = Table(title="rejected per filter")
+    r.add_column("filter")
+    r.add_column("rejected", justify="right")
+    for k, v in s.rejected.most_common():
+        r.add_row(k, str(v))
+    o = Table(title="most frequent operators")
+    o.add_column("operator")
+    o.add_column("tasks", justify="right")
+    for k, v in s.ops.most_common(15):
+        o.add_row(k, str(v))
+    out_console = Console()
+    for table in (t, r, o):
+        out_console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cuda-agent", description="Write, verify and reward custom kernels.")
     ap.add_argument("--version", action="version", version=f"cuda-agent {__version__}")
@@ -301,6 +371,29 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="folder for the report (default: beside the results)")
     rp.add_argument("--threshold", type=float, default=0.05)
     rp.set_defaults(func=cmd_report)
+
+    dg = sub.add_parser("datagen", help="synthesize and filter training tasks (CUDA-Agent-Ops-6K style)")
+    dg.add_argument("--n", type=int, required=True, help="tasks to produce")
+    dg.add_argument("--out", required=True, help="output .jsonl (a .parquet and a .rejects.jsonl go beside it)")
+    dg.add_argument("--composer", choices=["offline", "llm"], default="offline")
+    dg.add_argument("--model")
+    dg.add_argument("--base-url")
+    dg.add_argument("--api-key")
+    dg.add_argument("--mix", help="share of tasks per operator count, e.g. 1=0.034,2=0.838,3=0.076,4=0.028,5=0.012")
+    dg.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    dg.add_argument("--gpu", type=int, default=0)
+    dg.add_argument("--decontaminate", metavar="DIR", help="benchmark folder (e.g. KernelBench) to stay away from")
+    dg.add_argument("--threshold", type=float, default=0.9, help="AST similarity above which a task is a copy")
+    dg.add_argument("--min-ms", type=float, default=1.0)
+    dg.add_argument("--max-ms", type=float, default=100.0)
+    dg.add_argument("--no-runtime-filter", action="store_true")
+    dg.add_argument("--no-compile-filter", action="store_true")
+    dg.add_argument("--scale", type=float, default=1.0, help="input sizes times this (e.g. 0.1 for CPU runs)")
+    dg.add_argument("--workers", type=int, default=1)
+    dg.add_argument("--seed", type=int, default=0)
+    dg.add_argument("--resume", action="store_true")
+    dg.add_argument("--no-sandbox", action="store_true")
+    dg.set_defaults(func=cmd_datagen)
 
     sh = sub.add_parser("show", help="render a trajectory (or an --out directory) in the terminal")
     sh.add_argument("trajectory")

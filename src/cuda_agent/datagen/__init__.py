@@ -1,0 +1,1 @@
+"""Training-data synthesis: operator catalogue, composers, filters, decontamination, datasets."""

@@ -1,0 +1,143 @@
+"""The filter stages that run a candidate task, in a sandboxed process of their own.
+
+`python -m cuda_agent.datagen.check SPEC.json` imports the task and writes `result.json`:
+for each stage whether it passed and what was measured. The parent (`filters.py`) turns
+that into a verdict; nothing here is trusted beyond the numbers it reports.
+
+Stages, in order (the first failure ends the run):
+- `runs`: `Model(*get_init_inputs())` and one eager forward work
+- `deterministic`: the same seeds give exactly the same output
+- `nontrivial`: the output is finite, not all zeros, has spread, and changes with the input
+- `compile`: `torch.compile` runs and matches eager (atol = rtol = 1e-2)
+- `runtime`: eager (and compiled) time with the evaluator's timing protocol
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _tensors(obj: Any) -> list[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors(x)]
+    return []
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(spec["out"])
+    res: dict[str, Any] = {"stages": {}}
+    stage = "runs"
+
+    def done() -> int:
+        (out / "result.json").write_text(json.dumps(res))
+        return 0
+
+    try:
+        import torch
+
+        from cuda_agent.evaluator import timing
+        from cuda_agent.evaluator.tensors import seed_all, to_device
+        from cuda_agent.tasks import import_task_module, task_from_code
+
+        dev = torch.device(spec["device"])
+        if spec.get("threads"):
+            torch.set_num_threads(int(spec["threads"]))
+        task = task_from_code(Path(spec["task"]).read_text(), name="candidate", source=spec["task"])
+        mod = import_task_module(task)
+
+        def build(seed_init: int, seed_in: int) -> tuple[Any, list[Any]]:
+            seed_all(seed_init)
+            model = mod.Model(*mod.get_init_inputs()).eval().to(dev)
+            seed_all(seed_in)
+            return model, to_device(list(mod.get_inputs()), dev)
+
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model, xs = build(0, 1)
+            y1 = model(*xs)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            res["stages"]["runs"] = {"ok": True, "seconds": round(time.perf_counter() - t0, 3)}
+            ys1 = _tensors(y1)
+            if not ys1:
+                res["stages"]["runs"] = {"ok": False, "why": "forward returned no tensor"}
+                return done()
+
+            stage = "deterministic"
+            model2, xs2 = build(0, 1)
+            ys2 = _tensors(model2(*xs2))
+            same = len(ys1) == len(ys2) and all(
+                a.shape == b.shape and bool(torch.equal(a.nan_to_num(), b.nan_to_num())) for a, b in zip(ys1, ys2, strict=True))
+            res["stages"]["deterministic"] = {"ok": same} if same else {
+                "ok": False, "why": "two runs with the same seeds gave different outputs"}
+            if not same:
+                return done()
+
+            stage = "nontrivial"
+            why = None
+            for y in ys1:
+                yf = y.float()
+                if not bool(torch.isfinite(yf).all()):
+                    why = "the output holds NaN or Inf"
+                elif yf.numel() > 1 and float(yf.std()) < 1e-6:
+                    why = "the output is constant" if float(yf.abs().max()) > 0 else "the output is all zeros"
+                elif yf.numel() == 1 and float(yf.abs()) == 0:
+                    why = "the output is zero"
+                if why:
+                    break
+            if why is None:
+                _, xs3 = build(0, 2)
+                ys3 = _tensors(model(*xs3))
+                if all(a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), atol=1e-5, rtol=1e-5))
+                       for a, b in zip(ys1, ys3, strict=True)):
+                    why = "the output does not depend on the input"
+            res["stages"]["nontrivial"] = {"ok": why is None, **({"why": why} if why else {})}
+            if why:
+                return done()
+
+            compiled = None
+            if spec.get("compile", True):
+                stage = "compile"
+                t0 = time.perf_counter()
+                compiled = torch.compile(model)
+                yc = _tensors(compiled(*xs))
+                close = len(yc) == len(ys1) and all(
+                    a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2))
+                    for a, b in zip(ys1, yc, strict=True))
+                res["stages"]["compile"] = {"ok": close, "seconds": round(time.perf_counter() - t0, 3),
+                                            **({} if close else {"why": "torch.compile's output differs from eager"})}
+                if not close:
+                    return done()
+
+            if spec.get("runtime", True):
+                stage = "runtime"
+                p = timing.Protocol(**spec.get("protocol", {}))
+                sets = [xs, xs3]
+                subjects: dict[str, Any] = {"eager": model}
+                if compiled is not None:
+                    subjects["compile"] = compiled
+                m = timing.measure(subjects, sets, dev.type, p)
+                res["eager_ms"] = round(m["eager"].summary()["device"]["median_us"] / 1e3, 4)
+                if compiled is not None:
+                    res["compile_ms"] = round(m["compile"].summary()["device"]["median_us"] / 1e3, 4)
+                res["stages"]["runtime"] = {"ok": True, "eager_ms": res["eager_ms"]}
+    except BaseException as exc:
+        res["stages"][stage] = {"ok": False, "why": f"{type(exc).__name__}: {exc}"[:600],
+                                "traceback": traceback.format_exc(limit=4)[-1500:]}
+    return done()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

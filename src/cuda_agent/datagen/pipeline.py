@@ -1,0 +1,336 @@
+"""`cuda-agent datagen`: compose candidate tasks, filter them, write the dataset.
+
+Candidate `i` is composed from its own random stream (seed, i), so a run is reproducible
+and `--resume` continues where it stopped without duplicates: every candidate ends as one
+line, in the dataset (`OUT.jsonl`) or in the rejects (`OUT.rejects.jsonl`, with the stage
+that rejected it and why). At the end `OUT.parquet` is written from the JSONL.
+
+Filters, each a named stage whose rejects are counted:
+  parse          the code is a valid task (Model, get_inputs, get_init_inputs)
+  stochastic     no random operator in the Model (dropout, rand*, bernoulli, ...)
+  duplicate      not the same code as an accepted task
+  decontaminate  AST similarity to every benchmark task <= threshold (similarity.py)
+  runs, deterministic, nontrivial, compile   run in a sandboxed process (check.py)
+  runtime        eager time within [min_ms, max_ms] with the evaluator's timing protocol
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import random
+import re
+import sys
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.datagen.compose import (
+    PUBLISHED_MIX,
+    Composed,
+    compose_llm,
+    compose_offline,
+    compose_transformers,
+    normalised_mix,
+    sample_n_ops,
+)
+from cuda_agent.datagen.similarity import Reference
+from cuda_agent.tasks import TaskError, load_tasks, task_from_code
+
+STAGES = ("compose", "parse", "stochastic", "duplicate", "decontaminate", "runs", "deterministic", "nontrivial",
+          "compile", "runtime")
+# Random modules anywhere in the Model; random calls outside __init__ (a seeded random
+# initialisation of parameters is deterministic, and the evaluator seeds it).
+_STOCHASTIC_MODULES = re.compile(r"\b(Dropout\w*|AlphaDropout|FeatureAlphaDropout|RReLU)\b")
+_STOCHASTIC_CALLS = re.compile(r"\b(dropout\w*|rrelu|bernoulli\w*|multinomial|rand|randn|randint|rand_like|"
+                               r"randn_like|randint_like|randperm|normal_|uniform_|exponential_|cauchy_|geometric_|"
+                               r"log_normal_|random_|poisson)\b")
+
+
+@dataclass
+class DatagenConfig:
+    n: int = 100
+    seed: int = 0
+    composer: str = "offline"  # or "llm"
+    mix: dict[int | str, float] = field(default_factory=lambda: dict(PUBLISHED_MIX))
+    device: str = "cpu"
+    gpu_index: int = 0
+    min_ms: float = 1.0
+    max_ms: float = 100.0
+    runtime_filter: bool = True
+    compile_filter: bool = True
+    decontaminate: Path | None = None
+    threshold: float = 0.9
+    workers: int = 1
+    scale: float = 1.0  # input sizes times this (small tasks for CPU runs)
+    sandbox: bool = True
+    timeout_s: float = 300.0
+    threads: int | None = None
+    llm: Any = None  # a ModelClient for composer "llm"
+    max_candidates: int | None = None  # stop after this many candidates (default 20 n)
+
+
+@dataclass
+class Summary:
+    produced: int = 0
+    candidates: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    n_ops: Counter[str] = field(default_factory=Counter)
+    ops: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+
+def stochastic_in_model(code: str) -> str | None:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            m = _STOCHASTIC_MODULES.search(ast.get_source_segment(code, node) or "")
+            if m:
+                return m.group(1)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name != "__init__":
+                    m = _STOCHASTIC_CALLS.search(ast.get_source_segment(code, item) or "")
+                    if m:
+                        return m.group(1)
+    return None
+
+
+def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
+    """Run the sandboxed stages; returns check.py's result (or a failure of `runs`)."""
+    from cuda_agent import sandbox
+    from cuda_agent.evaluator.evaluate import _python_env
+
+    with tempfile.TemporaryDirectory(prefix="datagen-") as d:
+        work = Path(d)
+        (work / "task.py").write_text(code)
+        (work / "out").mkdir()
+        proto = {"warmup": 3, "min_iters": 10, "max_iters": 100, "target_rel_ci": 0.02, "budget_s": 5.0}
+        spec = {"task": str(work / "task.py"), "out": str(work / "out"), "device": cfg.device,
+                "compile": cfg.compile_filter, "runtime": cfg.runtime_filter, "protocol": proto,
+                "threads": cfg.threads}
+        (work / "spec.json").write_text(json.dumps(spec))
+        conf = sandbox.SandboxConfig(enabled=cfg.sandbox, timeout_s=cfg.timeout_s,
+                                     gpu_index=cfg.gpu_index if cfg.device == "cuda" else None)
+        env = _python_env(cfg.device, cfg.threads)
+        cache = work / "inductor"
+        cache.mkdir()
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")
+        r = sandbox.run([sys.executable, "-m", "cuda_agent.datagen.check", str(work / "spec.json")], cwd=work,
+                        writable=[work], env=env, config=conf)
+        try:
+            return json.loads((work / "out" / "result.json").read_text())
+        except (OSError, ValueError):
+            why = r.describe() + ": " + (r.stderr or r.stdout)[-600:]
+            return {"stages": {"runs": {"ok": False, "why": why}}}
+
+
+class Generator:
+    def __init__(self, cfg: DatagenConfig, out: Path, *, resume: bool = False,
+                 on_update: Callable[[Summary], None] | None = None) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.rejects = out.with_name(out.stem + ".rejects.jsonl")
+        self.mix = normalised_mix(cfg.mix)
+        self.summary = Summary()
+        self.on_update = on_update
+        self.lock = threading.Lock()
+        self.done: set[int] = set()
+        self.ids: set[str] = set()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self._loop: asyncio.AbstractEventLoop | None = None  # one event loop for the LLM client's calls
+        if out.exists() or self.rejects.exists():
+            if not resume:
+                raise ValueError(f"{out} (or its rejects) exists: pass --resume to continue, or another output")
+            self._reload()
+        self.reference = self._reference()
+
+    def _reload(self) -> None:
+        for path, accepted in ((self.out, True), (self.rejects, False)):
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                self.done.add(int(row["index"]))
+                if accepted:
+                    self.ids.add(row["task_id"])
+                    self._count(row)
+                else:
+                    self.summary.rejected[row["stage"]] += 1
+                self.summary.candidates += 1
+
+    def _reference(self) -> Reference | None:
+        if self.cfg.decontaminate is None:
+            return None
+        tasks = load_tasks(self.cfg.decontaminate)
+        return Reference.from_codes([(t.source, t.code) for t in tasks])
+
+    def _count(self, row: dict[str, Any]) -> None:
+        self.summary.produced += 1
+        self.summary.n_ops[str(row["n_ops"]) if row["data_source"].startswith(("torch", "llm")) else "transformers"] += 1
+        for op in row["ops"]:
+            self.summary.ops[op] += 1
+
+    def _compose(self, i: int) -> Composed | None:
+        rng = random.Random(f"{self.cfg.seed}:{i}")
+        k = sample_n_ops(rng, self.mix)
+        if k == "transformers":
+            return compose_transformers(rng, self.cfg.scale)
+        if self.cfg.composer == "llm":
+            with self.lock:
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                    threading.Thread(target=self._loop.run_forever, daemon=True, name="cuda-agent-llm").start()
+            fut = asyncio.run_coroutine_threadsafe(compose_llm(self.cfg.llm, rng, int(k)), self._loop)
+            return fut.result()
+        return compose_offline(rng, int(k), scale=self.cfg.scale)
+
+    def _write(self, path: Path, row: dict[str, Any]) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+    def process(self, i: int) -> None:
+        cfg = self.cfg
+        row: dict[str, Any] = {"index": i, "seed": cfg.seed}
+
+        def reject(stage: str, why: str, **extra: Any) -> None:
+            with self.lock:
+                self._write(self.rejects, {**row, "stage": stage, "why": why[:1000], **extra})
+                self.summary.rejected[stage] += 1
+                self.summary.candidates += 1
+            if self.on_update:
+                self.on_update(self.summary)
+
+        try:
+            c = self._compose(i)
+        except Exception as exc:  # a model that fails to answer, a composer bug: a reject, not a crash
+            reject("compose", f"{type(exc).__name__}: {exc}")
+            return
+        if c is None:
+            reject("compose", "no consistent composition (or no task in the model's reply)")
+            return
+        self.process_composed(i, c)
+
+    def process_composed(self, i: int, c: Composed) -> None:
+        """Filter one composed candidate; it ends in the dataset or in the rejects."""
+        cfg = self.cfg
+        row: dict[str, Any] = {"index": i, "seed": cfg.seed}
+
+        def reject(stage: str, why: str, **extra: Any) -> None:
+            with self.lock:
+                self._write(self.rejects, {**row, "stage": stage, "why": why[:1000], **extra})
+                self.summary.rejected[stage] += 1
+                self.summary.candidates += 1
+            if self.on_update:
+                self.on_update(self.summary)
+
+        row.update(ops=c.ops, n_ops=c.n_ops, data_source=c.data_source, composer=c.composer)
+        try:
+            task = task_from_code(c.code, name=f"gen_{i}", source="<datagen>")
+        except TaskError as exc:
+            reject("parse", str(exc), code=c.code)
+            return
+        row["task_id"] = task.id
+        bad = stochastic_in_model(c.code)
+        if bad:
+            reject("stochastic", f"the Model uses {bad}", code=c.code)
+            return
+        with self.lock:
+            if task.id in self.ids:
+                dup = True
+            else:
+                dup = False
+                self.ids.add(task.id)  # claimed; released if a later stage rejects it
+        if dup:
+            reject("duplicate", "the same code as an accepted task")
+            return
+        prov: dict[str, Any] = {"parse": "ok", "stochastic": "none", "duplicate": "unique"}
+        try:
+            if self.reference is not None:
+                sim, name = self.reference.closest(c.code)
+                prov["decontaminate"] = {"max_similarity": round(sim, 4), "closest": name}
+                if sim > cfg.threshold:
+                    raise _Rejected("decontaminate", f"AST similarity {sim:.3f} to {name} (threshold {cfg.threshold})")
+            res = _check(c.code, cfg)
+            for stage in ("runs", "deterministic", "nontrivial", "compile", "runtime"):
+                st = res["stages"].get(stage)
+                if st is None:
+                    continue
+                if not st.get("ok"):
+                    raise _Rejected(stage, st.get("why", "failed"))
+                prov[stage] = {k: v for k, v in st.items() if k not in ("ok",)} or "ok"
+            if cfg.runtime_filter:
+                ms = float(res.get("eager_ms", 0.0))
+                if not cfg.min_ms <= ms <= cfg.max_ms:
+                    raise _Rejected("runtime", f"eager takes {ms:.3f} ms, outside [{cfg.min_ms}, {cfg.max_ms}] ms",
+                                    eager_ms=ms)
+        except _Rejected as r:
+            with self.lock:
+                self.ids.discard(task.id)
+            reject(r.stage, r.why, code=c.code, **r.extra)
+            return
+        out = {"ops": c.ops, "data_source": c.data_source, "code": c.code, **row,
+               "eager_ms": res.get("eager_ms"), "compile_ms": res.get("compile_ms"), "filters": prov}
+        with self.lock:
+            self._write(self.out, out)
+            self._count(out)
+            self.summary.candidates += 1
+        if self.on_update:
+            self.on_update(self.summary)
+
+    def run(self) -> Summary:
+        import time
+
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        limit = cfg.max_candidates or 20 * cfg.n
+        i = 0
+        with ThreadPoolExecutor(max(1, cfg.workers), thread_name_prefix="cuda-agent-datagen") as pool:
+            while self.summary.produced < cfg.n and i < limit:
+                batch = []
+                while len(batch) < max(1, cfg.workers) and i < limit:
+                    if i not in self.done:
+                        batch.append(i)
+                    i += 1
+                # a batch never overshoots by more than the workers in flight
+                list(pool.map(self.process, batch))
+        self.summary.seconds = time.perf_counter() - t0
+        write_parquet(self.out)
+        return self.summary
+
+
+class _Rejected(Exception):
+    def __init__(self, stage: str, why: str, **extra: Any) -> None:
+        super().__init__(why)
+        self.stage, self.why, self.extra = stage, why, extra
+
+
+def write_parquet(jsonl: Path) -> Path | None:
+    """The dataset as parquet beside the JSONL (needs pyarrow; skipped without it)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    if not jsonl.exists():
+        return None
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["ops"] = json.dumps(r["ops"])  # the published schema keeps ops as a string
+        r["filters"] = json.dumps(r.get("filters", {}))
+    path = jsonl.with_suffix(".parquet")
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
