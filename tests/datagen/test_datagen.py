@@ -16,7 +16,14 @@ import pytest
 from cuda_agent.agent import OpenAIClient, OpenAIConfig
 from cuda_agent.agent.scripted_server import ScriptedServer
 from cuda_agent.datagen.catalog import catalogue, introspected_activations, usable
-from cuda_agent.datagen.compose import PUBLISHED_MIX, Composed, compose_llm, compose_offline, normalised_mix, sample_n_ops
+from cuda_agent.datagen.compose import (
+    PUBLISHED_MIX,
+    Composed,
+    compose_llm,
+    compose_offline,
+    normalised_mix,
+    sample_n_ops,
+)
 from cuda_agent.datagen.pipeline import DatagenConfig, Generator
 from cuda_agent.datagen.similarity import similarity
 from cuda_agent.tasks import import_task_module, load_tasks, task_from_code
