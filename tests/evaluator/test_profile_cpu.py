@@ -14,7 +14,7 @@ from cuda_agent.paths import cache_dir
 from . import cases as C
 from .test_evaluate_cpu import run
 
-FAST = timing.Protocol(warmup=3, min_iters=10, max_iters=200, target_rel_ci=0.02, budget_s=3.0)
+FAST = timing.Protocol(warmup=3, min_iters=10, max_iters=200, target_rel_ci=0.02, budget_s=2.0)
 
 
 def prof(tmp_path: Path, files: dict[str, str], **opts):  # type: ignore[no-untyped-def]
@@ -50,10 +50,12 @@ def test_slow_kernel_is_correct_but_earns_only_one(tmp_path: Path) -> None:
 
 
 def test_faster_than_eager_only_earns_two(tmp_path: Path) -> None:
-    # Three passes over memory where eager makes twelve and torch.compile one.
-    res = run(tmp_path, C.CHAIN_TASK, C.chain(passes=3), profile=True, protocol=FAST)
+    # Two passes over memory where eager makes twelve and torch.compile one: about 5x eager
+    # and 0.5x torch.compile alone, and still on the right sides of both bounds when a
+    # neighbouring test loads the machine (speedups are only ever scaled down then).
+    res = run(tmp_path, C.CHAIN_TASK, C.chain(passes=2), profile=True, protocol=FAST)
     assert res.status == "ok", res.message
-    assert res.speedup_vs_eager > 1.5 and res.speedup_vs_compile < 0.8, (res.speedup_vs_eager, res.speedup_vs_compile)
+    assert res.speedup_vs_eager > 1.1 and res.speedup_vs_compile < 0.9, (res.speedup_vs_eager, res.speedup_vs_compile)
     assert res.reward == 2.0
 
 
