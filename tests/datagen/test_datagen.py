@@ -182,3 +182,10 @@ def test_llm_composer_output_is_parsed_and_checked(tmp_path: Path) -> None:
     assert second is None
     row = run_one(tmp_path, first.code, compile_filter=False, runtime_filter=False)
     assert row["accepted"]
+
+
+def test_committed_sample_loads() -> None:
+    path = REPO / "examples" / "datagen" / "ops50.jsonl"
+    tasks = load_tasks(path)
+    assert len(tasks) >= 50 and len({t.id for t in tasks}) == len(tasks)
+    assert all(t.ops for t in tasks) and [t.id for t in load_tasks(path.with_suffix(".parquet"))] == [t.id for t in tasks]

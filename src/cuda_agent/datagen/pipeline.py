@@ -301,11 +301,11 @@ class Generator:
         with ThreadPoolExecutor(max(1, cfg.workers), thread_name_prefix="cuda-agent-datagen") as pool:
             while self.summary.produced < cfg.n and i < limit:
                 batch = []
-                while len(batch) < max(1, cfg.workers) and i < limit:
+                # never more in flight than still wanted, so the run stops at exactly n
+                while len(batch) < max(1, min(cfg.workers, cfg.n - self.summary.produced)) and i < limit:
                     if i not in self.done:
                         batch.append(i)
                     i += 1
-                # a batch never overshoots by more than the workers in flight
                 list(pool.map(self.process, batch))
         self.summary.seconds = time.perf_counter() - t0
         write_parquet(self.out)
