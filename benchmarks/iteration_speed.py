@@ -149,6 +149,7 @@ def main() -> int:
     _, js = timed([py, "-m", "cuda_agent.cli", "eval", str(ws), str(ws), "--json", "--device", args.device], ws, env)
     rec = json.loads(js)
     print("where a warm evaluation spends its time (s):", rec.get("timings_s"))
+    print("candidate process, when each phase began (s):", (rec.get("details") or {}).get("candidate_phases_s"))
 
     rel = tmp / "released"
     shutil.copytree(ws, rel, ignore=shutil.ignore_patterns("cuda_extension.so", "__pycache__"))

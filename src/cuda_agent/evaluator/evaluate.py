@@ -604,6 +604,10 @@ class Evaluation:
                 res = self.profile_verdict(res, cand["dir"])
             res.details.setdefault("build_cached", built.cached)
             res.details.setdefault("rebuilt", built.rebuilt)
+            # when each phase of the candidate process began (s since its start): where time goes
+            phases = (_read_json(cand["dir"] / "out" / "report.json") or {}).get("phases_s")
+            if isinstance(phases, dict):
+                res.details.setdefault("candidate_phases_s", phases)
             return res
         finally:
             self.timings["total"] = time.perf_counter() - t_all
