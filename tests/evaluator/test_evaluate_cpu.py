@@ -189,14 +189,14 @@ def test_segfault_is_a_runtime_error_and_the_next_evaluation_works(tmp_path: Pat
 
 def test_infinite_loop_in_kernel_times_out(tmp_path: Path) -> None:
     spin = C.binding("volatile int x = 0;\n  while (true) { x = x + 1; }\n  return a;")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": spin}), run_timeout_s=8.0)
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": spin}), run_timeout_s=15.0)
     assert res.status == "timeout"
     assert "trial 1" in res.message
 
 
 def test_infinite_loop_at_import_times_out(tmp_path: Path) -> None:
     mn = C.AXPBY_MODEL_NEW.replace("import cuda_extension", "import cuda_extension\n\nwhile True:\n    pass")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(mn), run_timeout_s=6.0)
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(mn), run_timeout_s=10.0)
     assert res.status == "timeout"
     assert "import model_new.py" in res.message
 
@@ -204,7 +204,7 @@ def test_infinite_loop_at_import_times_out(tmp_path: Path) -> None:
 def test_fork_bomb_is_contained(tmp_path: Path) -> None:
     bomb = C.binding("while (true) { fork(); }\n  return a;", extra="#include <unistd.h>\n")
     res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": bomb}), static_checks=False,
-              run_timeout_s=8.0, max_processes=64)
+              run_timeout_s=15.0, max_processes=64)
     assert res.status in ("timeout", "runtime_error")
     again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby())
     assert again.status == "ok"
