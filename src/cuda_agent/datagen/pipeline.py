@@ -202,25 +202,23 @@ class Generator:
             f.write(json.dumps(row) + "\n")
             f.flush()
 
+    def _reject(self, row: dict[str, Any], stage: str, why: str, **extra: Any) -> None:
+        with self.lock:
+            self._write(self.rejects, {**row, "stage": stage, "why": why[:1000], **extra})
+            self.summary.rejected[stage] += 1
+            self.summary.candidates += 1
+        if self.on_update:
+            self.on_update(self.summary)
+
     def process(self, i: int) -> None:
-        cfg = self.cfg
-        row: dict[str, Any] = {"index": i, "seed": cfg.seed}
-
-        def reject(stage: str, why: str, **extra: Any) -> None:
-            with self.lock:
-                self._write(self.rejects, {**row, "stage": stage, "why": why[:1000], **extra})
-                self.summary.rejected[stage] += 1
-                self.summary.candidates += 1
-            if self.on_update:
-                self.on_update(self.summary)
-
+        row: dict[str, Any] = {"index": i, "seed": self.cfg.seed}
         try:
             c = self._compose(i)
         except Exception as exc:  # a model that fails to answer, a composer bug: a reject, not a crash
-            reject("compose", f"{type(exc).__name__}: {exc}")
+            self._reject(row, "compose", f"{type(exc).__name__}: {exc}")
             return
         if c is None:
-            reject("compose", "no consistent composition (or no task in the model's reply)")
+            self._reject(row, "compose", "no consistent composition (or no task in the model's reply)")
             return
         self.process_composed(i, c)
 
@@ -230,12 +228,7 @@ class Generator:
         row: dict[str, Any] = {"index": i, "seed": cfg.seed}
 
         def reject(stage: str, why: str, **extra: Any) -> None:
-            with self.lock:
-                self._write(self.rejects, {**row, "stage": stage, "why": why[:1000], **extra})
-                self.summary.rejected[stage] += 1
-                self.summary.candidates += 1
-            if self.on_update:
-                self.on_update(self.summary)
+            self._reject(row, stage, why, **extra)
 
         row.update(ops=c.ops, n_ops=c.n_ops, data_source=c.data_source, composer=c.composer)
         try:

@@ -219,15 +219,22 @@ def run(
     config = config if config is not None else SandboxConfig()
     if not argv:
         raise ValueError("argv is empty")
-    bwrap = features = None
-    if config.enabled:
-        bwrap = find_bwrap()
-        ok, reason, features = _probe(bwrap)
-        if not ok:
-            raise SandboxUnavailable(reason)
+    bwrap, features = _working_bwrap(config)
     with _Launch.prepare(argv, cwd=cwd, writable=writable, readonly=readonly, env=env,
                          config=config, bwrap=bwrap, features=features) as launch:
         return launch.execute(stdin)
+
+
+def _working_bwrap(config: SandboxConfig) -> tuple[str | None, _Features | None]:
+    """The bwrap to use and what it supports; (None, None) without the sandbox. Raises
+    SandboxUnavailable when the sandbox is asked for and does not work here."""
+    if not config.enabled:
+        return None, None
+    bwrap = find_bwrap()
+    ok, reason, features = _probe(bwrap)
+    if not ok:
+        raise SandboxUnavailable(reason)
+    return bwrap, features
 
 
 class Session:
@@ -246,12 +253,7 @@ class Session:
         config = config if config is not None else SandboxConfig()
         if not argv:
             raise ValueError("argv is empty")
-        bwrap = features = None
-        if config.enabled:
-            bwrap = find_bwrap()
-            ok, reason, features = _probe(bwrap)
-            if not ok:
-                raise SandboxUnavailable(reason)
+        bwrap, features = _working_bwrap(config)
         self._stack = contextlib.ExitStack()
         try:
             self._launch = self._stack.enter_context(_Launch.prepare(
