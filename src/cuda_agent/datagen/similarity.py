@@ -19,7 +19,8 @@ from dataclasses import dataclass
 N = 4
 
 
-def _model_class(code: str) -> ast.ClassDef | None:
+def model_class(code: str) -> ast.ClassDef | None:
+    """The `class Model` at the top level of a task's code, or None (also for a syntax error)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
@@ -41,7 +42,7 @@ def _dotted(node: ast.AST) -> str | None:
 
 
 def tokens(code: str) -> list[str]:
-    cls = _model_class(code)
+    cls = model_class(code)
     if cls is None:
         return []
     names: dict[str, str] = {}

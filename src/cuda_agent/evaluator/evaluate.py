@@ -560,12 +560,16 @@ class Evaluation:
                            correct=True, reward=reward(self.opts.reward_name, True, None, self.opts.threshold),
                            trials_passed=passed)
 
+    def static_violations(self) -> list[Any]:
+        if not self.opts.static_checks:
+            return []
+        return check_solution(self.solution.files, device=self.device,
+                              single_file=self.solution.format == SINGLE_FILE)
+
     def run(self) -> R.EvalResult:
         t_all = time.perf_counter()
         try:
-            violations = check_solution(self.solution.files, device=self.device,
-                                        single_file=self.solution.format == SINGLE_FILE
-                                        ) if self.opts.static_checks else []
+            violations = self.static_violations()
             if violations:
                 # The most specific rule first: "never calls the extension" is usually a consequence.
                 violations.sort(key=lambda v: v.rule == "no-extension-call")
@@ -656,7 +660,6 @@ def evaluate(task: Task, solution: Solution, options: EvalOptions | None = None)
     return res
 
 
-
 def prebuild(task: Task, solution: Solution, options: EvalOptions | None = None) -> bool:
     """Build the solution's extension(s) into the content-hash cache, nothing else, so a
     later `evaluate` of the same files finds them built (CPU work, done ahead of the GPU
@@ -665,8 +668,7 @@ def prebuild(task: Task, solution: Solution, options: EvalOptions | None = None)
     opts = options or EvalOptions()
     ev = Evaluation(task, solution, opts)
     try:
-        if opts.static_checks and check_solution(ev.solution.files, device=ev.device,
-                                                 single_file=ev.solution.format == SINGLE_FILE):
+        if ev.static_violations():
             return False
         return ev.build().ok
     finally:
