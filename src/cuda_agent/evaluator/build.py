@@ -17,6 +17,7 @@ ninja file ourselves:
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import platform
 import re
@@ -203,17 +204,28 @@ def _find_ninja() -> str:
 
 
 def cuda_home() -> str | None:
-    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if env and Path(env, "bin", "nvcc").exists():
-        return env
+    """The CUDA toolkit root: $CUDA_HOME/$CUDA_PATH, else the folder above the `nvcc` on PATH
+    (a wrapper script such as `exec /opt/cuda-13.0/bin/nvcc "$@"` is followed), else the usual
+    install folders. A root counts only if it has bin/nvcc and include/cuda_runtime.h."""
+
+    def is_root(d: str | Path | None) -> bool:
+        return bool(d) and Path(d, "bin", "nvcc").exists() and Path(d, "include", "cuda_runtime.h").exists()
+
+    cands: list[str | Path | None] = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     nvcc = shutil.which("nvcc")
     if nvcc:
         real = Path(nvcc).resolve()
-        if real.parent.name == "bin":
-            return str(real.parent.parent)
-    for cand in ("/usr/local/cuda", "/opt/cuda"):
-        if Path(cand, "bin", "nvcc").exists():
-            return cand
+        cands.append(real.parent.parent)
+        try:
+            if real.stat().st_size < 4096:  # a shell wrapper: look for the real nvcc it runs
+                for m in re.finditer(r"(/[^\s\"']+)/bin/nvcc\b", real.read_text(errors="replace")):
+                    cands.append(m.group(1))
+        except OSError:
+            pass
+    cands += ["/usr/local/cuda", "/opt/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    for cand in cands:
+        if is_root(cand):
+            return str(cand)
     return None
 
 
@@ -333,7 +345,8 @@ def _make_toolchain(device: str, arch: str | None) -> Toolchain:
 
     with_cuda = device == "cuda"
     torch_lib = str(Path(torch.__file__).parent / "lib")
-    includes = list(ce.include_paths("cuda" if with_cuda else "cpu"))
+    # torch's own CUDA include paths need torch to find CUDA_HOME; ours are added below.
+    includes = list(ce.include_paths("cpu"))
     py_inc = sysconfig.get_path("include", scheme="posix_prefix")
     if py_inc:
         includes.append(py_inc)
@@ -364,13 +377,16 @@ def _make_toolchain(device: str, arch: str | None) -> Toolchain:
         major, minor = arch.split(".")
         lib_dirs = [Path(home) / "lib64", Path(home) / "lib"]
         extra_inc = [str(Path(home) / "include")]
+        for var in ("CUDA_INC_PATH", "CUDNN_HOME"):
+            if os.environ.get(var):
+                extra_inc.append(os.environ[var] if var == "CUDA_INC_PATH" else str(Path(os.environ[var]) / "include"))
         for pkg in ("cublas", "cudnn", "cuda_runtime"):
             d = _nvidia_pkg_dir(pkg)
             if d is not None:
                 lib_dirs.append(d / "lib")
                 if (d / "include").is_dir():
                     extra_inc.append(str(d / "include"))
-        inc_flags += [f for p in extra_inc for f in ("-isystem", p)]
+        inc_flags += [f for p in extra_inc if p != "/usr/include" for f in ("-isystem", p)]
         cflags = [*defines, *inc_flags, "-fPIC", std, "-O3", "-fopenmp"]
         cuda_cflags = [
             *defines, *inc_flags, *ce.COMMON_NVCC_FLAGS, "--compiler-options", "-fPIC", std,
