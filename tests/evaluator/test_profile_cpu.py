@@ -110,3 +110,22 @@ def test_patched_clock_changes_nothing(tmp_path: Path) -> None:
     res = prof(tmp_path, C.axpby(cheat), static_checks=False)
     assert res.status == "ok", res.message
     assert res.times_us["candidate"]["median_us"] > 0 and res.speedup_vs_eager < 50
+
+
+def test_failed_torch_compile_is_flagged_explained_and_never_cached(tmp_path: Path) -> None:
+    # A task that eager runs and torch.compile cannot: its compile baseline is eager, the
+    # record says why, and that stand-in is not cached for later evaluations.
+    task = tmp_path / "axpby_uncompilable.py"
+    # (inductor's C++ compiler pointed at nothing: its CPU code generation fails every time)
+    task.write_text(C.AXPBY_TASK.read_text().replace(
+        "import torch.nn as nn\n",
+        "import torch.nn as nn\nimport torch._inductor.config\n\n"
+        "torch._inductor.config.cpp.cxx = ('/nonexistent/refuses-to-compile',)\n", 1))
+    before = set(cache_dir("baselines").glob("*.json"))
+    res = run(tmp_path / "sol", task, C.axpby(), profile=True, protocol=FAST)
+    assert res.status == "ok", res.message
+    assert R.FLAG_COMPILE_FAILED in res.flags
+    assert "refuses-to-compile" in res.details["compile_error"] and "torch.compile failed" in res.message
+    assert set(cache_dir("baselines").glob("*.json")) == before
+    again = run(tmp_path / "sol2", task, C.axpby(), profile=True, protocol=FAST)
+    assert again.details["baseline"] == "measured"

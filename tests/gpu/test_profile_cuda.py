@@ -66,9 +66,17 @@ def test_work_escaping_to_a_side_stream_after_verification_is_rejected(tmp_path:
     assert res.status == "rejected" and res.rule == R.RULE_STREAM, res.message
 
 
-def test_host_computation_is_rejected_by_the_wall_time_cross_check(tmp_path: Path) -> None:
+def test_host_computation_gains_nothing(tmp_path: Path) -> None:
+    # The copies to and from the host are device work too: on the H200 this case measured
+    # 5.9 ms of device time (86% memory copies) against 47 us eager, so it is correct but
+    # slow. Should the device time ever miss the host's work, the wall-time cross-check
+    # must reject it instead.
     res = prof(tmp_path, C.AXPBY_TASK, C.HOST_COMPUTE, static_checks=False)
-    assert res.status == "rejected" and res.rule == R.RULE_WALL_GAP, res.message
+    if res.status == "rejected":
+        assert res.rule == R.RULE_WALL_GAP, res.message
+    else:
+        assert res.status == "ok" and res.reward <= 1.0 and res.speedup_vs_eager < 1.0, res.message
+        assert res.details["device_time_by_kind"].get("memory", 0) > 0.5
 
 
 def test_uninitialised_output_after_verification_is_incorrect(tmp_path: Path) -> None:

@@ -84,17 +84,29 @@ def main(spec_path: str) -> int:
         phase = "torch.compile"
         t_c = time.perf_counter()
         compiled: Any = None
-        try:
-            compiled = torch.compile(eager, mode=None if spec["compile_mode"] == "default" else spec["compile_mode"])
-            with torch.no_grad():
-                got = compiled(*sets[0])
-                want = eager(*sets[0])
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            result["compile_matches_eager"] = _close(got, want)
-        except Exception as exc:  # inductor cannot compile this model: compare to eager instead
-            compiled = None
-            result["compile_error"] = f"{type(exc).__name__}: {exc}"[:1500]
+        errors: list[str] = []
+        for _attempt in range(2):  # a second try after a reset: some failures pass
+            try:
+                compiled = torch.compile(eager, mode=None if spec["compile_mode"] == "default" else spec["compile_mode"])
+                with torch.no_grad():
+                    got = compiled(*sets[0])
+                    want = eager(*sets[0])
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                result["compile_matches_eager"] = _close(got, want)
+                break
+            except Exception as exc:  # inductor cannot compile this model: compare to eager instead
+                compiled = None
+                errors.append(f"{type(exc).__name__}: {exc}"[:1500])
+                result["compile_traceback"] = traceback.format_exc(limit=12)[-3000:]
+                try:
+                    torch._dynamo.reset()
+                except Exception:
+                    pass
+        if compiled is None:
+            result["compile_error"] = errors[-1]
+        elif errors:
+            result["compile_retried"] = errors[0]
         result["compile_s"] = time.perf_counter() - t_c
         (out / "compiled").write_text("compiled")
         phase = "waiting for the device"

@@ -116,6 +116,9 @@ def _python_env(device: str, threads: int | None = None) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(threads)
     if device == "cuda":
         env["CUDA_MODULE_LOADING"] = "LAZY"
+    # torch.compile in-process: no pool of compile workers inside the sandbox (it would
+    # start one per core, and several sandboxes at once would race for them).
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return env
 
 
@@ -366,10 +369,13 @@ class Evaluation:
                    (run.describe() if run else "did not run"))
             self.baseline_error = f"the baseline measurement failed: {why}"
             return
-        extra = {k: data.get(k) for k in ("compile_s", "compile_error", "compile_matches_eager", "copy_gbps",
+        extra = {k: data.get(k) for k in ("compile_s", "compile_error", "compile_retried", "compile_traceback", "compile_matches_eager", "copy_gbps",
                                            "device_name", "threads", "torch_version", "seconds") if k in data}
         key = self.baseline_key()
-        if self.opts.baseline_cache:
+        # A baseline whose torch.compile failed stands in eager for compile; it is used
+        # for this evaluation but never cached, so a passing failure cannot inflate the
+        # rewards of every later evaluation of the task.
+        if self.opts.baseline_cache and not data.get("compile_error"):
             self.baseline = BL.store(key, data["eager"], data["compile"], extra=extra)
         else:
             self.baseline = BL.Baseline(eager=data["eager"], compile=data["compile"], measured_at=time.time(),
@@ -460,8 +466,11 @@ class Evaluation:
                                    reward=reward(self.opts.reward_name, True, None, self.opts.threshold))
         base = self.baseline
         assert base is not None
+        compile_note = ""
         if base.extra.get("compile_error"):
             self.flags.append(R.FLAG_COMPILE_FAILED)
+            compile_note = (f" torch.compile failed on this task ({str(base.extra['compile_error'])[:200]}), "
+                            "so its baseline is eager.")
         elif base.extra.get("compile_matches_eager") is False:
             self.flags.append(R.FLAG_COMPILE_DIFFERS)
         sp = speed.judge(prof["candidate"], eager_now, base.eager, base.compile, self.device,
@@ -476,7 +485,8 @@ class Evaluation:
                      "baseline": "measured" if self.baseline_fresh else "cached",
                      "baseline_measured_at": base.measured_at,
                      "kernels": {n: prof[n].get("kernels", {}) for n in ("candidate", "eager")},
-                     "compile_kernels": base.compile.get("kernels", {})})
+                     "compile_kernels": base.compile.get("kernels", {}),
+                     **({"compile_error": base.extra["compile_error"]} if base.extra.get("compile_error") else {})})
         if sp.rejected:
             return self.result(R.REJECTED, sp.rejected[1], rule=sp.rejected[0], **fields)
         c = sp.times_us["candidate"]["median_us"]
@@ -484,7 +494,7 @@ class Evaluation:
         value = reward(self.opts.reward_name, True, speeds, self.opts.threshold)
         what = "device time" if self.device == "cuda" else "time"
         return self.result(R.OK, f"{res.message} {what}: {sp.speedup_vs_eager:.3f}x eager, "
-                           f"{sp.speedup_vs_compile:.3f}x torch.compile.", correct=True, reward=value, **fields)
+                           f"{sp.speedup_vs_compile:.3f}x torch.compile.{compile_note}", correct=True, reward=value, **fields)
 
     def judge(self, run: sandbox.RunResult, run_dir: Path, reference: dict[str, Any]) -> R.EvalResult:
         import torch
