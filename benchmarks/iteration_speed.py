@@ -33,10 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "src" / "cuda_agent" / "workspace" / "templates"
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+def timed(cmd: list[str], cwd: Path, env: dict[str, str], label: str = "") -> tuple[float, str]:
+    """Run one step; its time is printed at once, so a run cut short still reports."""
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    print(f"  {dt:8.2f} s  {label or ' '.join(cmd[-2:])}", flush=True)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return dt, p.stdout
@@ -129,9 +131,9 @@ def main() -> int:
     kernel = next(p for p in sorted((ws / "kernels").iterdir()) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
 
     rows: list[tuple[str, list[float]]] = []
-    c, _ = timed(["bash", "utils/compile.sh"], ws, env)
-    v, _ = timed([py, "-m", "utils.verification"], ws, env)
-    p, out = timed([py, "-m", "utils.profiling"], ws, env)
+    c, _ = timed(["bash", "utils/compile.sh"], ws, env, "cold compile.sh")
+    v, _ = timed([py, "-m", "utils.verification"], ws, env, "cold verification")
+    p, out = timed([py, "-m", "utils.profiling"], ws, env, "cold profiling")
     rows += [("cuda-agent cold: compile.sh", [c]), ("cuda-agent cold: verification", [v]),
              ("cuda-agent cold: profiling (verifies, measures baselines)", [p]),
              ("cuda-agent cold: iteration total", [c + v + p])]
@@ -139,9 +141,9 @@ def main() -> int:
     warm_c, warm_p, warm_v = [], [], []
     for i in range(args.repeats):
         kernel.write_text(kernel.read_text() + f"\n// edit {i} {time.time_ns()}\n")
-        warm_c.append(timed(["bash", "utils/compile.sh"], ws, env)[0])
-        warm_p.append(timed([py, "-m", "utils.profiling"], ws, env)[0])
-        warm_v.append(timed([py, "-m", "utils.verification"], ws, env)[0])
+        warm_c.append(timed(["bash", "utils/compile.sh"], ws, env, "warm compile.sh")[0])
+        warm_p.append(timed([py, "-m", "utils.profiling"], ws, env, "warm profiling")[0])
+        warm_v.append(timed([py, "-m", "utils.verification"], ws, env, "warm verification")[0])
     rows += [("cuda-agent warm: compile.sh after a one-file edit", warm_c),
              ("cuda-agent warm: profiling (verifies too)", warm_p),
              ("cuda-agent warm: iteration = compile + profiling", [a + b for a, b in zip(warm_c, warm_p, strict=True)]),
@@ -164,9 +166,9 @@ def main() -> int:
     for i in range(args.repeats):
         k = rel / "kernels" / kernel.name
         k.write_text(k.read_text() + f"\n// edit {i}\n")
-        rb.append(timed([py, str(scripts["build"]), str(rel), args.device], rel, r_env)[0])
-        rv.append(timed([py, str(scripts["verify"]), str(rel), args.device], rel, r_env)[0])
-        t, out = timed([py, str(scripts["profile"]), str(rel), args.device], rel, r_env)
+        rb.append(timed([py, str(scripts["build"]), str(rel), args.device], rel, r_env, "released force rebuild")[0])
+        rv.append(timed([py, str(scripts["verify"]), str(rel), args.device], rel, r_env, "released verification")[0])
+        t, out = timed([py, str(scripts["profile"]), str(rel), args.device], rel, r_env, "released profiling")
         rp.append(t)
     print("released-style profile printed:", out.strip().replace("\n", "; "))
     rows += [("released: force rebuild", rb), ("released: verification", rv),
