@@ -249,6 +249,7 @@ def cmd_datagen(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     cfg = DatagenConfig(n=args.n, seed=args.seed, composer=args.composer, mix=mix, device=device, gpu_index=args.gpu,
                         min_ms=args.min_ms, max_ms=args.max_ms, runtime_filter=not args.no_runtime_filter,
+                        calibrate=not args.no_calibrate, max_input_mb=args.max_input_mb,
                         compile_filter=not args.no_compile_filter,
                         decontaminate=Path(args.decontaminate) if args.decontaminate else None,
                         threshold=args.threshold, workers=args.workers, scale=args.scale,
@@ -387,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--min-ms", type=float, default=1.0)
     dg.add_argument("--max-ms", type=float, default=100.0)
     dg.add_argument("--no-runtime-filter", action="store_true")
+    dg.add_argument("--no-calibrate", action="store_true",
+                    help="reject tasks outside the runtime range instead of scaling their batch size into it")
+    dg.add_argument("--max-input-mb", type=float, default=2048.0,
+                    help="calibration never makes a task's inputs larger than this")
     dg.add_argument("--no-compile-filter", action="store_true")
     dg.add_argument("--scale", type=float, default=1.0, help="input sizes times this (e.g. 0.1 for CPU runs)")
     dg.add_argument("--workers", type=int, default=1)

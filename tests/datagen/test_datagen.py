@@ -24,7 +24,7 @@ from cuda_agent.datagen.compose import (
     normalised_mix,
     sample_n_ops,
 )
-from cuda_agent.datagen.pipeline import DatagenConfig, Generator
+from cuda_agent.datagen.pipeline import DatagenConfig, Generator, batch_variable, with_size
 from cuda_agent.datagen.similarity import similarity
 from cuda_agent.tasks import import_task_module, load_tasks, task_from_code
 
@@ -87,6 +87,31 @@ def test_a_good_task_passes_every_filter_and_runtime_bounds_reject(tmp_path: Pat
     assert row["eager_ms"] > 0 and row["compile_ms"] > 0 and f["decontaminate"]["max_similarity"] < 0.9
     slow = run_one(tmp_path / "b", GOOD, compile_filter=False, min_ms=1000.0)
     assert not slow["accepted"] and slow["stage"] == "runtime" and "outside" in slow["why"]
+
+
+SIZED = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+         "        super().__init__()\n\n    def forward(self, x):\n        return torch.tanh(x) * 2.0\n\n\n"
+         "batch_size = 4\nfeatures = 1024\n\n\ndef get_inputs():\n    return [torch.randn(batch_size, features)]\n\n\n"
+         "def get_init_inputs():\n    return []\n")
+
+
+def test_batch_size_is_calibrated_into_the_runtime_range(tmp_path: Path) -> None:
+    assert batch_variable(SIZED) == "batch_size" and batch_variable(GOOD) is None
+    assert "batch_size = 96\nfeatures = 1024" in with_size(SIZED, "batch_size", 96)
+    # 4 x 1024 elements take microseconds; [0.3, 30] ms needs hundreds of times more rows.
+    row = run_one(tmp_path / "a", SIZED, compile_filter=False, min_ms=0.3, max_ms=30.0)
+    assert row["accepted"], row.get("why")
+    cal = row["filters"]["calibrate"]
+    assert cal["var"] == "batch_size" and cal["from"] == 4 and cal["to"] > 64
+    assert f"batch_size = {cal['to']}\n" in row["code"] and 0.3 <= row["eager_ms"] <= 30.0
+    assert row["task_id"] == task_from_code(row["code"], name="t").id
+    assert import_task_module(task_from_code(row["code"], name="t")).get_inputs()[0].shape[0] == cal["to"]
+    # the size cap holds: at most 1 MB of inputs cannot reach 30 ms, so the task is rejected
+    capped = run_one(tmp_path / "b", SIZED, compile_filter=False, min_ms=30.0, max_ms=100.0, max_input_mb=1.0)
+    assert not capped["accepted"] and capped["stage"] == "runtime"
+    assert f"batch_size = {(1 << 20) // (4 * 1024)}\n" in capped["code"]
+    kept = run_one(tmp_path / "c", SIZED, compile_filter=False, min_ms=0.3, max_ms=30.0, calibrate=False)
+    assert not kept["accepted"] and "batch_size = 4\n" in kept["code"]
 
 
 def test_duplicates_and_benchmark_copies_are_rejected(tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ that into a verdict; nothing here is trusted beyond the numbers it reports.
 
 Stages, in order (the first failure ends the run):
 - `runs`: `Model(*get_init_inputs())` and one eager forward work
+- `calibrate` (when asked): the batch-size variable named by the parent is scaled until a
+  quick eager timing lands inside the runtime range (the task's `get_inputs` reads the
+  module global when called, so the later stages all run at the calibrated size)
 - `deterministic`: the same seeds give exactly the same output
 - `nontrivial`: the output is finite, not all zeros, has spread, and changes with the input
 - `compile`: `torch.compile` runs and matches eager (atol = rtol = 1e-2)
@@ -32,6 +35,55 @@ def _tensors(obj: Any) -> list[Any]:
     if isinstance(obj, dict):
         return [t for x in obj.values() for t in _tensors(x)]
     return []
+
+
+def _input_bytes(xs: list[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(xs))
+
+
+def calibrate(mod: Any, cal: dict[str, Any], build: Any, dev: Any, timing: Any) -> dict[str, Any]:
+    """Scale `mod.<var>` (a batch size) until eager takes between min_ms and max_ms, aiming
+    at `target_ms`, never past `max_input_bytes` of inputs; at most `rounds` timings."""
+    import torch
+
+    var, lo, hi = cal["var"], float(cal["min_ms"]), float(cal["max_ms"])
+    target = float(cal.get("target_ms") or min(max(2 * lo, lo), hi / 2 if hi > 2 * lo else hi))
+    orig = getattr(mod, var, None)
+    if not isinstance(orig, int) or isinstance(orig, bool) or orig < 1:
+        return {"ok": True, "skipped": f"no integer {var} to scale"}
+    quick = timing.Protocol(warmup=2, min_iters=5, max_iters=30, target_rel_ci=0.05, budget_s=1.0)
+    cur, ms, tried = orig, None, []
+    for _ in range(int(cal.get("rounds", 4))):
+        setattr(mod, var, cur)
+        try:
+            model, xs = build(0, 1)
+            ms = timing.measure({"eager": model}, [xs], dev.type, quick)["eager"].summary()["device"]["median_us"] / 1e3
+            nbytes = _input_bytes(xs)
+        except torch.OutOfMemoryError:
+            if not tried:
+                raise
+            cur, ms = tried[-1]  # the last size that fitted
+            break
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        tried.append((cur, ms))
+        if lo <= ms <= hi:
+            break
+        want = cur * target / max(ms, 1e-6)
+        if ms < lo:
+            cap = int(cal.get("max_input_bytes", 2 << 30) * cur / max(nbytes, 1))
+            new = min(int(want) + 1, cur * 64, cap)
+            if new <= cur:
+                break
+        else:
+            new = max(1, min(int(want), cur // 2))
+            if new >= cur:
+                break
+        cur = new
+    setattr(mod, var, cur)
+    return {"ok": True, "var": var, "from": orig, "to": cur, "quick_eager_ms": round(ms or 0.0, 4),
+            "rounds": len(tried)}
 
 
 def main(spec_path: str) -> int:
@@ -74,6 +126,15 @@ def main(spec_path: str) -> int:
             if not ys1:
                 res["stages"]["runs"] = {"ok": False, "why": "forward returned no tensor"}
                 return done()
+
+            cal = spec.get("calibrate")
+            if cal and spec.get("runtime", True):
+                stage = "calibrate"
+                res["stages"]["calibrate"] = calibrate(mod, cal, build, dev, timing)
+                if not res["stages"]["calibrate"]["ok"]:
+                    return done()
+                model, xs = build(0, 1)
+                ys1 = _tensors(model(*xs))
 
             stage = "deterministic"
             model2, xs2 = build(0, 1)
@@ -133,6 +194,8 @@ def main(spec_path: str) -> int:
                 if compiled is not None:
                     res["compile_ms"] = round(m["compile"].summary()["device"]["median_us"] / 1e3, 4)
                 res["stages"]["runtime"] = {"ok": True, "eager_ms": res["eager_ms"]}
+            if "calibrate" in res["stages"]:
+                res["calibrated"] = res["stages"]["calibrate"]
     except BaseException as exc:
         res["stages"][stage] = {"ok": False, "why": f"{type(exc).__name__}: {exc}"[:600],
                                 "traceback": traceback.format_exc(limit=4)[-1500:]}

@@ -11,6 +11,9 @@ Filters, each a named stage whose rejects are counted:
   duplicate      not the same code as an accepted task
   decontaminate  AST similarity to every benchmark task <= threshold (similarity.py)
   runs, deterministic, nontrivial, compile   run in a sandboxed process (check.py)
+  calibrate      (before those) the batch size is scaled until a quick eager timing lands
+                 in [min_ms, max_ms], so sizes fit the target device; the task is written
+                 with the calibrated size (`--no-calibrate`: keep the composer's sizes)
   runtime        eager time within [min_ms, max_ms] with the evaluator's timing protocol
 """
 
@@ -43,7 +46,7 @@ from cuda_agent.datagen.compose import (
 from cuda_agent.datagen.similarity import Reference, model_class
 from cuda_agent.tasks import TaskError, load_tasks, task_from_code
 
-STAGES = ("compose", "parse", "stochastic", "duplicate", "decontaminate", "runs", "deterministic", "nontrivial",
+STAGES = ("compose", "parse", "stochastic", "duplicate", "decontaminate", "runs", "calibrate", "deterministic", "nontrivial",
           "compile", "runtime")
 # Random modules anywhere in the Model; random calls outside __init__ (a seeded random
 # initialisation of parameters is deterministic, and the evaluator seeds it).
@@ -64,6 +67,8 @@ class DatagenConfig:
     min_ms: float = 1.0
     max_ms: float = 100.0
     runtime_filter: bool = True
+    calibrate: bool = True  # scale the batch size into the runtime range before filtering
+    max_input_mb: float = 2048.0  # calibration never makes the inputs larger than this
     compile_filter: bool = True
     decontaminate: Path | None = None
     threshold: float = 0.9
@@ -101,6 +106,26 @@ def stochastic_in_model(code: str) -> str | None:
     return None
 
 
+_BATCH_NAMES = ("batch_size", "batch", "bs", "N", "B")
+
+
+def batch_variable(code: str) -> str | None:
+    """The module-level integer that sets the batch size (`batch_size = 16`), if any."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    found = {t.id for node in tree.body if isinstance(node, ast.Assign)
+             and isinstance(node.value, ast.Constant) and type(node.value.value) is int
+             for t in node.targets if isinstance(t, ast.Name)}
+    return next((n for n in _BATCH_NAMES if n in found), None)
+
+
+def with_size(code: str, var: str, value: int) -> str:
+    """`code` with the module-level `var = N` line set to `value`."""
+    return re.sub(rf"^{re.escape(var)}\s*=\s*\d+[ \t]*$", f"{var} = {value}", code, count=1, flags=re.M)
+
+
 def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
     """Run the sandboxed stages; returns check.py's result (or a failure of `runs`)."""
     from cuda_agent import sandbox
@@ -114,6 +139,10 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         spec = {"task": str(work / "task.py"), "out": str(work / "out"), "device": cfg.device,
                 "compile": cfg.compile_filter, "runtime": cfg.runtime_filter, "protocol": proto,
                 "threads": cfg.threads}
+        var = batch_variable(code) if cfg.calibrate and cfg.runtime_filter else None
+        if var:
+            spec["calibrate"] = {"var": var, "min_ms": cfg.min_ms, "max_ms": cfg.max_ms,
+                                 "max_input_bytes": int(cfg.max_input_mb * (1 << 20))}
         (work / "spec.json").write_text(json.dumps(spec))
         conf = sandbox.SandboxConfig(enabled=cfg.sandbox, timeout_s=cfg.timeout_s,
                                      gpu_index=cfg.gpu_index if cfg.device == "cuda" else None)
@@ -248,20 +277,34 @@ class Generator:
             reject("duplicate", "the same code as an accepted task")
             return
         prov: dict[str, Any] = {"parse": "ok", "stochastic": "none", "duplicate": "unique"}
+        code = c.code
         try:
             if self.reference is not None:
                 sim, name = self.reference.closest(c.code)
                 prov["decontaminate"] = {"max_similarity": round(sim, 4), "closest": name}
                 if sim > cfg.threshold:
                     raise _Rejected("decontaminate", f"AST similarity {sim:.3f} to {name} (threshold {cfg.threshold})")
-            res = _check(c.code, cfg)
-            for stage in ("runs", "deterministic", "nontrivial", "compile", "runtime"):
+            res = _check(code, cfg)
+            for stage in ("runs", "calibrate", "deterministic", "nontrivial", "compile", "runtime"):
                 st = res["stages"].get(stage)
                 if st is None:
                     continue
                 if not st.get("ok"):
                     raise _Rejected(stage, st.get("why", "failed"))
                 prov[stage] = {k: v for k, v in st.items() if k not in ("ok",)} or "ok"
+            cal = res.get("calibrated") or {}
+            if cal.get("to") and cal.get("to") != cal.get("from"):
+                code = with_size(code, cal["var"], int(cal["to"]))
+                new_id = task_from_code(code, name=f"gen_{i}", source="<datagen>").id
+                with self.lock:
+                    self.ids.discard(task.id)
+                    dup = new_id in self.ids
+                    if not dup:
+                        self.ids.add(new_id)
+                if dup:  # (the id it would have had belongs to the other task: not released)
+                    raise _Rejected("duplicate", "the same code as an accepted task (after calibration)")
+                task, row["task_id"] = task_from_code(code, name=f"gen_{i}", source="<datagen>"), new_id
+                prov["calibrate"] = {k: cal[k] for k in ("var", "from", "to", "quick_eager_ms") if k in cal}
             if cfg.runtime_filter:
                 ms = float(res.get("eager_ms", 0.0))
                 if not cfg.min_ms <= ms <= cfg.max_ms:
@@ -270,9 +313,9 @@ class Generator:
         except _Rejected as r:
             with self.lock:
                 self.ids.discard(task.id)
-            reject(r.stage, r.why, code=c.code, **r.extra)
+            reject(r.stage, r.why, code=code, **r.extra)
             return
-        out = {"ops": c.ops, "data_source": c.data_source, "code": c.code, **row,
+        out = {"ops": c.ops, "data_source": c.data_source, "code": code, **row,
                "eager_ms": res.get("eager_ms"), "compile_ms": res.get("compile_ms"), "filters": prov}
         with self.lock:
             self._write(self.out, out)
