@@ -50,10 +50,11 @@ def test_slow_kernel_is_correct_but_earns_only_one(tmp_path: Path) -> None:
 
 
 def test_faster_than_eager_only_earns_two(tmp_path: Path) -> None:
-    # Two passes over memory where eager makes twelve and torch.compile one: about 5x eager
-    # and 0.5x torch.compile alone, and still on the right sides of both bounds when a
-    # neighbouring test loads the machine (speedups are only ever scaled down then).
-    res = run(tmp_path, C.CHAIN_TASK, C.chain(passes=2), profile=True, protocol=FAST)
+    # Three passes over memory (and three new outputs) where eager makes twelve and
+    # torch.compile one: about 4x eager and 0.6x torch.compile, and still on the right sides
+    # of both bounds when a neighbouring test loads the machine (speedups are only ever
+    # scaled down then).
+    res = run(tmp_path, C.CHAIN_TASK, C.chain(passes=3), profile=True, protocol=FAST)
     assert res.status == "ok", res.message
     assert res.speedup_vs_eager > 1.1 and res.speedup_vs_compile < 0.9, (res.speedup_vs_eager, res.speedup_vs_compile)
     assert res.reward == 2.0
