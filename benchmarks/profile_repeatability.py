@@ -54,6 +54,8 @@ def main() -> int:
         print(f"run {i + 1:2d}: candidate {series['candidate'][-1]:9.3f} us  eager {series['eager'][-1]:9.3f}  "
               f"compile {series['compile'][-1]:9.3f}  vs compile {series['speedup_vs_compile'][-1]:.4f}  "
               f"reward {rec['reward']}  flags {rec.get('flags')}  ({time.perf_counter() - t0:.1f} s)", flush=True)
+        if args.json_out:  # after every run, so a run cut short keeps what it measured
+            args.json_out.write_text(json.dumps(records, indent=1))
     unit = "device time" if args.device == "cuda" else "time"
     print(f"\n{args.runs} separate evaluations of {sol.name} on {args.task.stem}, {args.device} ({unit}, median per run)")
     print(f"{'series':24s} {'mean':>10s} {'min':>10s} {'max':>10s} {'CoV %':>7s}")
@@ -61,8 +63,6 @@ def main() -> int:
         m = statistics.fmean(xs)
         cov = statistics.pstdev(xs) / m * 100 if m else float("nan")
         print(f"{k:24s} {m:10.4f} {min(xs):10.4f} {max(xs):10.4f} {cov:7.3f}")
-    if args.json_out:
-        args.json_out.write_text(json.dumps(records, indent=1))
     return 0
 
 
