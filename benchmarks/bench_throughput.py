@@ -52,14 +52,19 @@ def main() -> int:
     # warm: header cache and baselines, so both runs pay the same per-solution costs
     w_tasks, w_sols = make("warm")
     entries = load_suite(w_tasks)
+    t0 = time.perf_counter()
     evaluate(entries[0].task, load_solution(w_sols / entries[0].task.name), EvalOptions(device=args.device))
+    print(f"  warm-up evaluation (header, baselines): {time.perf_counter() - t0:.1f} s", flush=True)
 
     s_tasks, s_sols = make("seq")
     t0 = time.perf_counter()
     for e in load_suite(s_tasks):
+        t1 = time.perf_counter()
         r = evaluate(e.task, load_solution(s_sols / e.task.name), EvalOptions(device=args.device))
         assert r.correct, r.message
+        print(f"  one after another: {e.task.name} {time.perf_counter() - t1:.1f} s", flush=True)
     seq = time.perf_counter() - t0
+    print(f"one after another: {seq:.1f} s for {args.copies}", flush=True)
 
     p_tasks, p_sols = make("pool")
     gpus = [0]
