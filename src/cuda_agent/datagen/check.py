@@ -37,23 +37,27 @@ def _tensors(obj: Any) -> list[Any]:
     return []
 
 
+CALIBRATION_ROUNDS = 4
+
+
 def _input_bytes(xs: list[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(xs))
 
 
 def calibrate(mod: Any, cal: dict[str, Any], build: Any, dev: Any, timing: Any) -> dict[str, Any]:
     """Scale `mod.<var>` (a batch size) until eager takes between min_ms and max_ms, aiming
-    at `target_ms`, never past `max_input_bytes` of inputs; at most `rounds` timings."""
+    at twice min_ms (or less in a narrow range), never past `max_input_bytes` of inputs;
+    at most `CALIBRATION_ROUNDS` timings."""
     import torch
 
     var, lo, hi = cal["var"], float(cal["min_ms"]), float(cal["max_ms"])
-    target = float(cal.get("target_ms") or min(max(2 * lo, lo), hi / 2 if hi > 2 * lo else hi))
+    target = min(2 * lo, hi / 2 if hi > 2 * lo else hi)
     orig = getattr(mod, var, None)
     if not isinstance(orig, int) or isinstance(orig, bool) or orig < 1:
         return {"ok": True, "skipped": f"no integer {var} to scale"}
     quick = timing.Protocol(warmup=2, min_iters=5, max_iters=30, target_rel_ci=0.05, budget_s=1.0)
     cur, ms, tried = orig, None, []
-    for _ in range(int(cal.get("rounds", 4))):
+    for _ in range(CALIBRATION_ROUNDS):
         setattr(mod, var, cur)
         try:
             model, xs = build(0, 1)
@@ -194,8 +198,6 @@ def main(spec_path: str) -> int:
                 if compiled is not None:
                     res["compile_ms"] = round(m["compile"].summary()["device"]["median_us"] / 1e3, 4)
                 res["stages"]["runtime"] = {"ok": True, "eager_ms": res["eager_ms"]}
-            if "calibrate" in res["stages"]:
-                res["calibrated"] = res["stages"]["calibrate"]
     except BaseException as exc:
         res["stages"][stage] = {"ok": False, "why": f"{type(exc).__name__}: {exc}"[:600],
                                 "traceback": traceback.format_exc(limit=4)[-1500:]}

@@ -292,19 +292,18 @@ class Generator:
                 if not st.get("ok"):
                     raise _Rejected(stage, st.get("why", "failed"))
                 prov[stage] = {k: v for k, v in st.items() if k not in ("ok",)} or "ok"
-            cal = res.get("calibrated") or {}
+            cal = res["stages"].get("calibrate") or {}
             if cal.get("to") and cal.get("to") != cal.get("from"):
                 code = with_size(code, cal["var"], int(cal["to"]))
-                new_id = task_from_code(code, name=f"gen_{i}", source="<datagen>").id
+                sized = task_from_code(code, name=f"gen_{i}", source="<datagen>")
                 with self.lock:
                     self.ids.discard(task.id)
-                    dup = new_id in self.ids
+                    dup = sized.id in self.ids
                     if not dup:
-                        self.ids.add(new_id)
+                        self.ids.add(sized.id)
                 if dup:  # (the id it would have had belongs to the other task: not released)
                     raise _Rejected("duplicate", "the same code as an accepted task (after calibration)")
-                task, row["task_id"] = task_from_code(code, name=f"gen_{i}", source="<datagen>"), new_id
-                prov["calibrate"] = {k: cal[k] for k in ("var", "from", "to", "quick_eager_ms") if k in cal}
+                task, row["task_id"] = sized, sized.id
             if cfg.runtime_filter:
                 ms = float(res.get("eager_ms", 0.0))
                 if not cfg.min_ms <= ms <= cfg.max_ms:

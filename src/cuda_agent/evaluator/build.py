@@ -377,9 +377,10 @@ def _make_toolchain(device: str, arch: str | None) -> Toolchain:
         major, minor = arch.split(".")
         lib_dirs = [Path(home) / "lib64", Path(home) / "lib"]
         extra_inc = [str(Path(home) / "include")]
-        for var in ("CUDA_INC_PATH", "CUDNN_HOME"):
-            if os.environ.get(var):
-                extra_inc.append(os.environ[var] if var == "CUDA_INC_PATH" else str(Path(os.environ[var]) / "include"))
+        if os.environ.get("CUDA_INC_PATH"):
+            extra_inc.append(os.environ["CUDA_INC_PATH"])
+        if os.environ.get("CUDNN_HOME"):
+            extra_inc.append(str(Path(os.environ["CUDNN_HOME"]) / "include"))
         for pkg in ("cublas", "cudnn", "cuda_runtime"):
             d = _nvidia_pkg_dir(pkg)
             if d is not None:
