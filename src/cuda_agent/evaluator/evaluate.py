@@ -363,6 +363,15 @@ class Evaluation:
     def finish_baseline(self, th: threading.Thread) -> None:
         th.join()
         data = _read_json(self.baseline_out / "baseline.json")
+        if data and data.get("ok") and data.get("compile_error"):
+            # torch.compile failed: once more in a fresh process (the device is still the
+            # baseline's), since a failure can be the process's, not the task's.
+            first = data["compile_error"]
+            self.start_baseline(gated=False).join()
+            again = _read_json(self.baseline_out / "baseline.json")
+            if again and again.get("ok"):
+                data = again
+                data["compile_retried"] = first
         if not data or not data.get("ok"):
             run = getattr(self, "baseline_run", None)
             why = (f"{data.get('error')} in {data.get('phase')}" if data else
@@ -486,7 +495,7 @@ class Evaluation:
                      "baseline_measured_at": base.measured_at,
                      "kernels": {n: prof[n].get("kernels", {}) for n in ("candidate", "eager")},
                      "compile_kernels": base.compile.get("kernels", {}),
-                     **({"compile_error": base.extra["compile_error"]} if base.extra.get("compile_error") else {})})
+                     **{k: base.extra[k] for k in ("compile_error", "compile_retried") if base.extra.get(k)}})
         if sp.rejected:
             return self.result(R.REJECTED, sp.rejected[1], rule=sp.rejected[0], **fields)
         c = sp.times_us["candidate"]["median_us"]
