@@ -24,6 +24,8 @@ def run(tmp_path: Path, task: Path, files: dict[str, str], **opts):  # type: ign
     opts.setdefault("profile", False)  # speed is tested in test_profile_cuda.py
     res = evaluate(load_task_file(task), load_solution(target), EvalOptions(device="cuda", **opts))
     print(f"\n{task.stem}: {res.status} rule={res.rule} timings={res.timings_s}\n  {res.message[:300]}")
+    for proc in ("reference", "candidate"):  # where each process's time went
+        print(f"  {proc} phases (s since start): {res.details.get(f'{proc}_phases_s')}")
     return res
 
 

@@ -631,6 +631,9 @@ class Evaluation:
             phases = (_read_json(cand["dir"] / "out" / "report.json") or {}).get("phases_s")
             if isinstance(phases, dict):
                 res.details.setdefault("candidate_phases_s", phases)
+            ref_phases = (_read_json(self.work / "private" / "reference.json") or {}).get("phases_s")
+            if isinstance(ref_phases, dict):
+                res.details.setdefault("reference_phases_s", ref_phases)
             return res
         finally:
             self.timings["total"] = time.perf_counter() - t_all

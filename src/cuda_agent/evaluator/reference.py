@@ -27,24 +27,34 @@ def main(spec_path: str) -> int:
     status_file = private / "reference.json"
     t0 = time.perf_counter()
     phase = "import torch"
+    phases: dict[str, float] = {}  # phase -> seconds since the process's start when it began
+
+    def begin(name: str) -> str:
+        phases[name] = round(time.perf_counter() - t0, 4)
+        return name
+
     try:
         import torch
 
         from cuda_agent.tasks import import_task_module, task_from_code
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
-        phase = "import task"
+        if device.type == "cuda":
+            phase = begin("CUDA init")
+            torch.cuda.init()
+            torch.empty(1, device=device)  # the context, so the phases below are the task's
+        phase = begin("import task")
         code = Path(spec["task_path"]).read_text()
         task = task_from_code(code, name=spec.get("task_name", "task"), source=spec["task_path"])
         mod = import_task_module(task)
-        phase = "get_init_inputs"
+        phase = begin("get_init_inputs")
         seed_all(spec["init_seed"])
         init_inputs = mod.get_init_inputs()
         if not isinstance(init_inputs, (list, tuple)):
             init_inputs = [init_inputs]
         init_inputs = list(init_inputs)
         torch.save(init_inputs, shared / "init_inputs.pt")
-        phase = "Model(*get_init_inputs())"
+        phase = begin("Model(*get_init_inputs())")
         seed_all(spec["init_seed"])
         model = mod.Model(*init_inputs).eval().to(device)
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, shared / "state_dict.pt")
@@ -62,8 +72,9 @@ def main(spec_path: str) -> int:
         # The candidate process waits for this before it starts its trials.
         (shared / "ready.tmp").write_text("ready")
         os.replace(shared / "ready.tmp", shared / "ready")
+        begin("inputs ready")
         for k, inputs in enumerate(all_inputs):
-            phase = f"Model.forward (trial {k + 1})"
+            phase = begin(f"Model.forward (trial {k + 1})")
             with torch.no_grad():
                 out = model(*to_device(inputs, device))
             if device.type == "cuda":
@@ -71,7 +82,7 @@ def main(spec_path: str) -> int:
             structures.append(describe(out))
             torch.save(to_device(out, torch.device("cpu"), detach=True), private / f"expected_{k}.pt")
         status_file.write_text(json.dumps({
-            "ok": True, "structures": structures, "seconds": time.perf_counter() - t0,
+            "ok": True, "structures": structures, "seconds": time.perf_counter() - t0, "phases_s": phases,
             "n_params": sum(p.numel() for p in model.parameters()),
         }))
         return 0
