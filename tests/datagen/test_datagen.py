@@ -87,6 +87,10 @@ def test_a_good_task_passes_every_filter_and_runtime_bounds_reject(tmp_path: Pat
     assert row["eager_ms"] > 0 and row["compile_ms"] > 0 and f["decontaminate"]["max_similarity"] < 0.9
     slow = run_one(tmp_path / "b", GOOD, compile_filter=False, min_ms=1000.0)
     assert not slow["accepted"] and slow["stage"] == "runtime" and "outside" in slow["why"]
+    # far outside the range, a quick timing rejects it before torch.compile is paid for
+    early = run_one(tmp_path / "c", GOOD, min_ms=1000.0, calibrate=False)
+    assert not early["accepted"] and early["stage"] == "runtime", early.get("why")
+    assert "before torch.compile" in early["why"]
 
 
 SIZED = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"

@@ -55,13 +55,12 @@ def calibrate(mod: Any, cal: dict[str, Any], build: Any, dev: Any, timing: Any) 
     orig = getattr(mod, var, None)
     if not isinstance(orig, int) or isinstance(orig, bool) or orig < 1:
         return {"ok": True, "skipped": f"no integer {var} to scale"}
-    quick = timing.Protocol(warmup=2, min_iters=5, max_iters=30, target_rel_ci=0.05, budget_s=1.0)
     cur, ms, tried = orig, None, []
     for _ in range(CALIBRATION_ROUNDS):
         setattr(mod, var, cur)
         try:
             model, xs = build(0, 1)
-            ms = timing.measure({"eager": model}, [xs], dev.type, quick)["eager"].summary()["device"]["median_us"] / 1e3
+            ms = quick_eager_ms(model, xs, dev, timing)
             nbytes = _input_bytes(xs)
         except torch.OutOfMemoryError:
             if not tried:
@@ -87,7 +86,17 @@ def calibrate(mod: Any, cal: dict[str, Any], build: Any, dev: Any, timing: Any) 
         cur = new
     setattr(mod, var, cur)
     return {"ok": True, "var": var, "from": orig, "to": cur, "quick_eager_ms": round(ms or 0.0, 4),
-            "rounds": len(tried)}
+            "rounds": len(tried), "final_size_timed": bool(tried) and tried[-1][0] == cur}
+
+
+# A quick eager timing this far outside the runtime range rejects a task before
+# torch.compile (seconds of CPU work per task); closer ones get the full measurement.
+EARLY_REJECT_FACTOR = 2.0
+
+
+def quick_eager_ms(model: Any, xs: list[Any], dev: Any, timing: Any) -> float:
+    quick = timing.Protocol(warmup=2, min_iters=5, max_iters=30, target_rel_ci=0.05, budget_s=1.0)
+    return timing.measure({"eager": model}, [xs], dev.type, quick)["eager"].summary()["device"]["median_us"] / 1e3
 
 
 def main(spec_path: str) -> int:
@@ -171,6 +180,18 @@ def main(spec_path: str) -> int:
             res["stages"]["nontrivial"] = {"ok": why is None, **({"why": why} if why else {})}
             if why:
                 return done()
+
+            window = spec.get("runtime_range") if spec.get("runtime", True) else None
+            if window and spec.get("compile", True):
+                stage = "runtime"
+                lo, hi = float(window[0]), float(window[1])
+                cal_st = res["stages"].get("calibrate") or {}
+                est = cal_st["quick_eager_ms"] if cal_st.get("final_size_timed") else quick_eager_ms(model, xs, dev, timing)
+                if est < lo / EARLY_REJECT_FACTOR or est > hi * EARLY_REJECT_FACTOR:
+                    res["stages"]["runtime"] = {"ok": False, "early": True, "quick_eager_ms": round(est, 4), "why": (
+                        f"eager takes about {est:.3f} ms (quick timing, before torch.compile), "
+                        f"outside [{lo}, {hi}] ms")}
+                    return done()
 
             compiled = None
             if spec.get("compile", True):

@@ -14,7 +14,9 @@ Filters, each a named stage whose rejects are counted:
   calibrate      (before those) the batch size is scaled until a quick eager timing lands
                  in [min_ms, max_ms], so sizes fit the target device; the task is written
                  with the calibrated size (`--no-calibrate`: keep the composer's sizes)
-  runtime        eager time within [min_ms, max_ms] with the evaluator's timing protocol
+  runtime        eager time within [min_ms, max_ms] with the evaluator's timing protocol;
+                 a quick timing more than 2x outside the range rejects before the compile
+                 stage, which is most of a task's cost
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         spec = {"task": str(work / "task.py"), "out": str(work / "out"), "device": cfg.device,
                 "compile": cfg.compile_filter, "runtime": cfg.runtime_filter, "protocol": proto,
                 "threads": cfg.threads}
+        if cfg.runtime_filter:
+            spec["runtime_range"] = [cfg.min_ms, cfg.max_ms]
         var = batch_variable(code) if cfg.calibrate and cfg.runtime_filter else None
         if var:
             spec["calibrate"] = {"var": var, "min_ms": cfg.min_ms, "max_ms": cfg.max_ms,
