@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -91,6 +92,37 @@ def test_a_good_task_passes_every_filter_and_runtime_bounds_reject(tmp_path: Pat
     early = run_one(tmp_path / "c", GOOD, min_ms=1000.0, calibrate=False)
     assert not early["accepted"] and early["stage"] == "runtime", early.get("why")
     assert "before torch.compile" in early["why"]
+
+
+def test_timings_take_the_device_one_worker_at_a_time(tmp_path: Path) -> None:
+    # The lock every timing holds (on CUDA by default): while another holder has it, the
+    # task's timings wait, and the row says how long.
+    import fcntl
+    import threading
+
+    from cuda_agent.paths import cache_dir
+
+    lock = cache_dir("datagen-locks") / "datagen-cpu.lock"
+    fh = open(lock, "a")
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    inode = str(lock.stat().st_ino)
+
+    def release_once_waited_for() -> None:
+        deadline = time.monotonic() + 120
+        # /proc/locks marks a process blocked on a lock with "->"
+        while time.monotonic() < deadline and not any(
+                "->" in line and line.split()[-3].endswith(":" + inode) for line in open("/proc/locks")):
+            time.sleep(0.05)
+        time.sleep(1.0)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+    threading.Thread(target=release_once_waited_for, daemon=True).start()
+    row = run_one(tmp_path, GOOD, compile_filter=False, exclusive_timing=True)
+    assert row["accepted"], row.get("why")
+    assert row["device_wait_s"] >= 0.9 and row["eager_ms"] > 0
+    free = run_one(tmp_path / "b", GOOD, compile_filter=False)  # CPU default: no lock
+    assert "device_wait_s" not in free
 
 
 SIZED = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"

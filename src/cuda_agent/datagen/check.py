@@ -1,8 +1,10 @@
 """The filter stages that run a candidate task, in a sandboxed process of their own.
 
 `python -m cuda_agent.datagen.check SPEC.json` imports the task and writes `result.json`:
-for each stage whether it passed and what was measured. The parent (`filters.py`) turns
-that into a verdict; nothing here is trusted beyond the numbers it reports.
+for each stage whether it passed and what was measured. The parent (`pipeline.py`) turns
+that into a verdict; nothing here is trusted beyond the numbers it reports. With
+`device_lock` in the spec, every timing holds that file's lock, so workers sharing a GPU
+time one at a time (everything else runs side by side).
 
 Stages, in order (the first failure ends the run):
 - `runs`: `Model(*get_init_inputs())` and one eager forward work
@@ -17,12 +19,33 @@ Stages, in order (the first failure ends the run):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+_device_lock: str | None = None  # from the spec: the lock file every timing holds
+_device_wait_s = [0.0]
+
+
+@contextmanager
+def exclusive_device() -> Iterator[None]:
+    if not _device_lock:
+        yield
+        return
+    t0 = time.perf_counter()
+    with open(_device_lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        _device_wait_s[0] += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _tensors(obj: Any) -> list[Any]:
@@ -101,7 +124,8 @@ EARLY_REJECT_FACTOR = 2.0
 
 def quick_eager_ms(model: Any, xs: list[Any], dev: Any, timing: Any) -> float:
     quick = timing.Protocol(warmup=2, min_iters=5, max_iters=30, target_rel_ci=0.05, budget_s=1.0)
-    return timing.measure({"eager": model}, [xs], dev.type, quick)["eager"].summary()["device"]["median_us"] / 1e3
+    with exclusive_device():
+        return timing.measure({"eager": model}, [xs], dev.type, quick)["eager"].summary()["device"]["median_us"] / 1e3
 
 
 def main(spec_path: str) -> int:
@@ -110,7 +134,12 @@ def main(spec_path: str) -> int:
     res: dict[str, Any] = {"stages": {}}
     stage = "runs"
 
+    global _device_lock
+    _device_lock = spec.get("device_lock")
+
     def done() -> int:
+        if _device_lock:
+            res["device_wait_s"] = round(_device_wait_s[0], 3)
         (out / "result.json").write_text(json.dumps(res))
         return 0
 
@@ -219,7 +248,8 @@ def main(spec_path: str) -> int:
                 subjects: dict[str, Any] = {"eager": model}
                 if compiled is not None:
                     subjects["compile"] = compiled
-                m = timing.measure(subjects, sets, dev.type, p)
+                with exclusive_device():
+                    m = timing.measure(subjects, sets, dev.type, p)
                 res["eager_ms"] = round(m["eager"].summary()["device"]["median_us"] / 1e3, 4)
                 if compiled is not None:
                     res["compile_ms"] = round(m["compile"].summary()["device"]["median_us"] / 1e3, 4)

@@ -46,6 +46,7 @@ from cuda_agent.datagen.compose import (
     sample_n_ops,
 )
 from cuda_agent.datagen.similarity import Reference, model_class
+from cuda_agent.paths import cache_dir
 from cuda_agent.tasks import TaskError, load_tasks, task_from_code
 
 STAGES = ("compose", "parse", "stochastic", "duplicate", "decontaminate", "runs", "calibrate", "deterministic", "nontrivial",
@@ -81,6 +82,9 @@ class DatagenConfig:
     threads: int | None = None
     llm: Any = None  # a ModelClient for composer "llm"
     max_candidates: int | None = None  # stop after this many candidates (default 20 n)
+    # Timings take the device one worker at a time (default: on CUDA, where workers share
+    # one GPU; CPU workers time on their own cores).
+    exclusive_timing: bool | None = None
 
 
 @dataclass
@@ -147,6 +151,11 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         if var:
             spec["calibrate"] = {"var": var, "min_ms": cfg.min_ms, "max_ms": cfg.max_ms,
                                  "max_input_bytes": int(cfg.max_input_mb * (1 << 20))}
+        writable = [work]
+        if cfg.exclusive_timing if cfg.exclusive_timing is not None else cfg.device == "cuda":
+            locks = cache_dir("datagen-locks")  # (only these locks are writable to the task)
+            spec["device_lock"] = str(locks / f"datagen-{cfg.device}{cfg.gpu_index if cfg.device == 'cuda' else ''}.lock")
+            writable.append(locks)
         (work / "spec.json").write_text(json.dumps(spec))
         conf = sandbox.SandboxConfig(enabled=cfg.sandbox, timeout_s=cfg.timeout_s,
                                      gpu_index=cfg.gpu_index if cfg.device == "cuda" else None)
@@ -156,7 +165,7 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
         r = sandbox.run([sys.executable, "-m", "cuda_agent.datagen.check", str(work / "spec.json")], cwd=work,
-                        writable=[work], env=env, config=conf)
+                        writable=writable, env=env, config=conf)
         try:
             return json.loads((work / "out" / "result.json").read_text())
         except (OSError, ValueError):
@@ -319,7 +328,8 @@ class Generator:
             reject(r.stage, r.why, code=code, **r.extra)
             return
         out = {"ops": c.ops, "data_source": c.data_source, "code": code, **row,
-               "eager_ms": res.get("eager_ms"), "compile_ms": res.get("compile_ms"), "filters": prov}
+               "eager_ms": res.get("eager_ms"), "compile_ms": res.get("compile_ms"), "filters": prov,
+               **({"device_wait_s": res["device_wait_s"]} if "device_wait_s" in res else {})}
         with self.lock:
             self._write(self.out, out)
             self._count(out)
