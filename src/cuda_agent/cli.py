@@ -253,7 +253,7 @@ def cmd_datagen(args: argparse.Namespace) -> int:
                         compile_filter=not args.no_compile_filter,
                         decontaminate=Path(args.decontaminate) if args.decontaminate else None,
                         threshold=args.threshold, workers=args.workers, scale=args.scale,
-                        sandbox=not args.no_sandbox, llm=llm)
+                        sandbox=not args.no_sandbox, llm=llm, time_limit_s=args.time_limit)
     out = Path(args.out)
     console = Console(stderr=True)
 
@@ -290,6 +290,9 @@ def cmd_datagen(args: argparse.Namespace) -> int:
     out_console = Console()
     for table in (t, r, o):
         out_console.print(table)
+    if s.stopped_by_time:
+        out_console.print(f"stopped at the time limit ({args.time_limit:g} s) with {s.produced} of {cfg.n}: "
+                          "run again with --resume to continue")
     return 0
 
 
@@ -397,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--workers", type=int, default=1)
     dg.add_argument("--seed", type=int, default=0)
     dg.add_argument("--resume", action="store_true")
+    dg.add_argument("--time-limit", type=float, metavar="S",
+                    help="start no new candidate after S seconds; those in flight finish (continue with --resume)")
     dg.add_argument("--no-sandbox", action="store_true")
     dg.set_defaults(func=cmd_datagen)
 

@@ -226,6 +226,20 @@ def test_datagen_yield_resume_and_files(tmp_path: Path) -> None:
     assert len(datasets.load_dataset("json", data_files=str(out))["train"]) == len(rows)
 
 
+def test_time_limit_stops_new_candidates_and_keeps_the_files(tmp_path: Path) -> None:
+    out = tmp_path / "ops.jsonl"
+    cmd = [sys.executable, "-m", "cuda_agent.cli", "datagen", "--n", "50", "--out", str(out), "--device", "cpu",
+           "--scale", "0.1", "--min-ms", "0", "--no-compile-filter", "--workers", "2", "--seed", "5",
+           "--time-limit", "0.5"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "stopped at the time limit" in p.stdout and "--resume" in p.stdout
+    lines = out.read_text().splitlines() + (out.with_name("ops.rejects.jsonl").read_text().splitlines()
+                                            if out.with_name("ops.rejects.jsonl").exists() else [])
+    assert 1 <= len(lines) <= 4  # the first ones in flight finished; nothing new began
+    assert out.with_suffix(".parquet").exists() or not out.read_text().strip()
+
+
 def test_llm_composer_output_is_parsed_and_checked(tmp_path: Path) -> None:
     replies = iter([f"Here it is:\n```python\n{GOOD}```\n", "I cannot do that."])
 

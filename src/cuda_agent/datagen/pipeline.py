@@ -85,6 +85,7 @@ class DatagenConfig:
     # Timings take the device one worker at a time (default: on CUDA, where workers share
     # one GPU; CPU workers time on their own cores).
     exclusive_timing: bool | None = None
+    time_limit_s: float | None = None  # start no new candidate after this long (--resume continues)
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Summary:
     n_ops: Counter[str] = field(default_factory=Counter)
     ops: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    stopped_by_time: bool = False
 
 
 def stochastic_in_model(code: str) -> str | None:
@@ -338,22 +340,32 @@ class Generator:
             self.on_update(self.summary)
 
     def run(self) -> Summary:
+        """Keep `workers` candidates in flight (never more than are still wanted, so the run
+        stops at exactly n) until n are produced, the candidate limit is reached, or the
+        time limit has passed (then those in flight finish and nothing new starts)."""
         import time
+        from concurrent.futures import FIRST_COMPLETED, Future, wait
 
         t0 = time.perf_counter()
         cfg = self.cfg
         limit = cfg.max_candidates or 20 * cfg.n
+        deadline = t0 + cfg.time_limit_s if cfg.time_limit_s else None
         i = 0
+        inflight: set[Future[None]] = set()
         with ThreadPoolExecutor(max(1, cfg.workers), thread_name_prefix="cuda-agent-datagen") as pool:
-            while self.summary.produced < cfg.n and i < limit:
-                batch = []
-                # never more in flight than still wanted, so the run stops at exactly n
-                while len(batch) < max(1, min(cfg.workers, cfg.n - self.summary.produced)) and i < limit:
+            while True:
+                while (len(inflight) < max(1, cfg.workers) and self.summary.produced + len(inflight) < cfg.n
+                       and i < limit and (deadline is None or time.perf_counter() < deadline)):
                     if i not in self.done:
-                        batch.append(i)
+                        inflight.add(pool.submit(self.process, i))
                     i += 1
-                list(pool.map(self.process, batch))
+                if not inflight:
+                    break
+                finished, inflight = wait(inflight, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    f.result()
         self.summary.seconds = time.perf_counter() - t0
+        self.summary.stopped_by_time = deadline is not None and self.summary.produced < cfg.n and i < limit
         write_parquet(self.out)
         return self.summary
 
