@@ -3,9 +3,12 @@ processes with the baselines measured anew (`--fresh-baselines`), and the spread
 time and speedup across runs.
 
     python benchmarks/profile_repeatability.py [--runs 10] [--device cuda] [--task T] [--solution S]
+        [--json-out F [--resume]]
 
 Prints, for candidate, eager and torch.compile (device time on CUDA) and for both speedups:
-mean, min, max and the coefficient of variation (standard deviation over mean) across runs.
+mean, min, max and the coefficient of variation (sample standard deviation over mean)
+across runs. With `--resume` the runs already in the `--json-out` file count towards
+`--runs` (so the runs can be split over several sessions on the same machine).
 """
 
 from __future__ import annotations
@@ -30,14 +33,29 @@ def main() -> int:
     ap.add_argument("--task", type=Path, default=REPO / "benchmarks" / "tasks" / "axpby_large.py")
     ap.add_argument("--solution", type=Path, default=None)
     ap.add_argument("--json-out", type=Path, default=None, help="also write every run's record here")
+    ap.add_argument("--resume", action="store_true", help="count the runs already in --json-out")
     args = ap.parse_args()
+    if args.resume and not args.json_out:
+        ap.error("--resume needs --json-out")
     sol = args.solution or REPO / "examples" / "solutions" / f"axpby_{args.device}"
     env = dict(os.environ)
     env.setdefault("CUDA_AGENT_CACHE", tempfile.mkdtemp(prefix="repeat-bench-"))
     series: dict[str, list[float]] = {k: [] for k in ("candidate", "eager", "compile", "eager_beside_candidate",
                                                       "speedup_vs_eager", "speedup_vs_compile")}
-    records = []
-    for i in range(args.runs):
+    records: list[dict] = []
+
+    def add(rec: dict) -> None:
+        for k in ("candidate", "eager", "compile", "eager_beside_candidate"):
+            series[k].append(rec["times_us"][k]["median_us"])
+        series["speedup_vs_eager"].append(rec["speedup_vs_eager"])
+        series["speedup_vs_compile"].append(rec["speedup_vs_compile"])
+
+    if args.resume and args.json_out.exists():
+        records = json.loads(args.json_out.read_text())
+        for rec in records:
+            add(rec)
+        print(f"{len(records)} runs from {args.json_out}")
+    for i in range(len(records), args.runs):
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "eval", str(args.task), str(sol), "--json",
                             "--device", args.device, "--fresh-baselines"], capture_output=True, text=True, env=env)
@@ -47,21 +65,18 @@ def main() -> int:
         records.append(rec)
         if rec["status"] != "ok" or not rec.get("times_us"):
             raise SystemExit(f"run {i + 1}: {rec['status']}: {rec['message'][:500]}")
-        for k in ("candidate", "eager", "compile", "eager_beside_candidate"):
-            series[k].append(rec["times_us"][k]["median_us"])
-        series["speedup_vs_eager"].append(rec["speedup_vs_eager"])
-        series["speedup_vs_compile"].append(rec["speedup_vs_compile"])
+        add(rec)
         print(f"run {i + 1:2d}: candidate {series['candidate'][-1]:9.3f} us  eager {series['eager'][-1]:9.3f}  "
               f"compile {series['compile'][-1]:9.3f}  vs compile {series['speedup_vs_compile'][-1]:.4f}  "
               f"reward {rec['reward']}  flags {rec.get('flags')}  ({time.perf_counter() - t0:.1f} s)", flush=True)
         if args.json_out:  # after every run, so a run cut short keeps what it measured
             args.json_out.write_text(json.dumps(records, indent=1))
     unit = "device time" if args.device == "cuda" else "time"
-    print(f"\n{args.runs} separate evaluations of {sol.name} on {args.task.stem}, {args.device} ({unit}, median per run)")
+    print(f"\n{len(records)} separate evaluations of {sol.name} on {args.task.stem}, {args.device} ({unit}, median per run)")
     print(f"{'series':24s} {'mean':>10s} {'min':>10s} {'max':>10s} {'CoV %':>7s}")
     for k, xs in series.items():
         m = statistics.fmean(xs)
-        cov = statistics.pstdev(xs) / m * 100 if m else float("nan")
+        cov = statistics.stdev(xs) / m * 100 if m and len(xs) > 1 else float("nan")
         print(f"{k:24s} {m:10.4f} {min(xs):10.4f} {max(xs):10.4f} {cov:7.3f}")
     return 0
 

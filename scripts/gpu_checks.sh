@@ -27,7 +27,11 @@ for stage in $STAGES; do
     tests) python3 -m pytest ${GPU_TESTS:-tests/gpu} ${GPU_K:+-k "$GPU_K"} -m gpu -v -rA -p no:cacheprovider 2>&1 | tee -a "$LOG_DIR/gpu_tests.log" ;;
     build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
     iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
-    repeat) python3 benchmarks/profile_repeatability.py --device cuda --runs 10 --json-out "$LOG_DIR/repeat.json" 2>&1 | tee "$LOG_DIR/repeat_bench.log" ;;
+    repeat)  # REPEAT_JSON keeps the runs; the stage run again continues them (up to REPEAT_RUNS)
+      RJ=${REPEAT_JSON:-$LOG_DIR/repeat.json}; mkdir -p "$(dirname "$RJ")"
+      timeout "${REPEAT_S:-560}" python3 benchmarks/profile_repeatability.py --device cuda --runs "${REPEAT_RUNS:-10}" \
+        --json-out "$RJ" --resume 2>&1 | tee -a "$LOG_DIR/repeat_bench.log"
+      cp "$RJ" "$LOG_DIR/repeat.json" 2>/dev/null || true ;;
     throughput) python3 benchmarks/bench_throughput.py --device cuda --copies 6 2>&1 | tee "$LOG_DIR/throughput_bench.log" ;;
     datagen)
       KB=${KB_DIR:-.kb/KernelBench}; DG_OUT=${DATAGEN_OUT:-$LOG_DIR/datagen/tasks.jsonl}; mkdir -p "$(dirname "$DG_OUT")"
