@@ -305,7 +305,9 @@ class Generator:
                 if st is None:
                     continue
                 if not st.get("ok"):
-                    raise _Rejected(stage, st.get("why", "failed"))
+                    cal = res["stages"].get("calibrate")  # the size it was rejected at, when resized
+                    raise _Rejected(stage, st.get("why", "failed"),
+                                    **({"calibrate": cal} if cal and cal.get("to") not in (None, cal.get("from")) else {}))
                 prov[stage] = {k: v for k, v in st.items() if k not in ("ok",)} or "ok"
             cal = res["stages"].get("calibrate") or {}
             if cal.get("to") and cal.get("to") != cal.get("from"):
