@@ -144,10 +144,13 @@ _compiled_calls = [0]
 
 @torch.compiler.disable
 def _probe(x):
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_name != "compile_wrapper":
+    # Called from eager, one frame of torch/_dynamo/eval_frame.py is on the stack (this
+    # function's disable wrapper); called from the compiled module, more (its wrappers).
+    frames, f = 0, sys._getframe(1)
+    while f is not None:
+        frames += f.f_code.co_filename.replace("\\\\", "/").endswith("_dynamo/eval_frame.py")
         f = f.f_back
-    if f is not None:
+    if frames > 1:
         _compiled_calls[0] += 1
         if _compiled_calls[0] > 2:
             raise RuntimeError("compiled module breaks after warm-up")
