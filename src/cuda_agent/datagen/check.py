@@ -14,7 +14,8 @@ Stages, in order (the first failure ends the run):
 - `deterministic`: the same seeds give exactly the same output
 - `nontrivial`: the output is finite, not all zeros, has spread, and changes with the input
 - `compile`: `torch.compile` runs and matches eager (atol = rtol = 1e-2)
-- `runtime`: eager (and compiled) time with the evaluator's timing protocol
+- `runtime`: eager (and compiled) time with the evaluator's timing protocol; before
+  `compile`, a quick eager timing more than `EARLY_REJECT_FACTOR` outside the range ends it
 """
 
 from __future__ import annotations
