@@ -31,6 +31,7 @@ def test_replayed_cuda_episode(tmp_path: Path) -> None:
     events = read_events(tmp_path / "run" / "trajectory.jsonl")
     outs = [e["message"]["content"] for e in events if e["type"] == "message" and e["message"]["role"] == "tool"]
     print("\n".join(o[:400] for o in outs))
+    print("profiling, whole:\n" + outs[-2][:4000])  # flags and any torch.compile failure
     print(s.to_dict())
     assert outs[0].startswith("1 ")  # exactly the assigned GPU
     assert "Compile success" in outs[-2] and "Speedup vs torch.compile" in outs[-2]
