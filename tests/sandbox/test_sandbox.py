@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import stat
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -157,6 +159,28 @@ def test_filesystem_view(tmp_path: Path, work: Path) -> None:
     if not any(pyproject.parent == p or pyproject.parent in p.parents for p in sb._python_paths()):
         assert seen["host_pyproject"] is False
     assert seen["procs"] == [1, seen["pid"]]  # own PID namespace: bwrap's init and us
+
+
+@needs_bwrap
+def test_a_temp_dir_on_sys_path_stays_out(tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A script run from /tmp has /tmp as sys.path[0]: the host's /tmp must still not show
+    # through the sandbox's own, and a writable path under a 0700 temp dir must work.
+    host_tmp = Path(tempfile.gettempdir())
+    monkeypatch.setattr(sys, "path", [str(host_tmp), *sys.path])
+    assert all(p != host_tmp.resolve() for p in sb._python_paths())
+    private = Path(tempfile.mkdtemp())  # mode 0700, as mkdtemp makes it
+    (private / "out").mkdir()
+    marker = host_tmp / f"host-only-{os.getpid()}"
+    marker.write_text("x")
+    try:
+        r = go(py("import os, sys; print(os.path.exists(sys.argv[1])); "
+                  "open(os.path.join(sys.argv[2], 'f'), 'w').write('ok')", str(marker), str(private / "out")),
+               private / "out", writable=[private / "out"])
+        assert r.ok, r
+        assert r.stdout.strip() == "False" and (private / "out" / "f").read_text() == "ok"
+    finally:
+        marker.unlink()
+        shutil.rmtree(private, ignore_errors=True)
 
 
 @needs_bwrap

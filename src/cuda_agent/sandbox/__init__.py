@@ -350,12 +350,15 @@ def _python_paths() -> list[Path]:
         cands += [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
     cands += [p for p in sys.path if p]
     home = os.path.expanduser("~")
+    # Never a whole temp directory (a script run from /tmp puts it on sys.path): it would
+    # cover the sandbox's private /tmp with the host's, and the paths bound beneath it.
+    temps = {os.path.realpath(d) for d in ("/tmp", "/var/tmp", tempfile.gettempdir())}
     paths: set[Path] = set()
     for c in cands:
         if not os.path.isabs(c) or not os.path.exists(c):
             continue
         for q in {os.path.normpath(c), os.path.realpath(c)}:
-            if q in ("/", home) or q.startswith(("/proc", "/dev", "/sys")):
+            if q in ("/", home) or q in temps or os.path.realpath(q) in temps or q.startswith(("/proc", "/dev", "/sys")):
                 continue
             paths.add(Path(q))
     covered = [Path(d) for d in _SYSTEM_DIRS] + [Path(d) for d in _SYSTEM_TOP_LINKS
