@@ -29,6 +29,7 @@ import sysconfig
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -441,6 +442,12 @@ def pch_kind(source: str) -> str | None:
     return None
 
 
+def pch_built(tc: Toolchain, kind: str) -> bool:
+    """Whether ensure_pch would answer at once (built, or known not to build)."""
+    d = cache_dir("pch", tc.fingerprint, kind)
+    return (d / "ca_prelude.h.gch").exists() or (d / "FAILED").exists()
+
+
 def ensure_pch(tc: Toolchain, kind: str, timeout_s: float = 900.0) -> Path | None:
     """Build (once per toolchain) a precompiled torch header; None if it cannot be built."""
     d = cache_dir("pch", tc.fingerprint, kind)
@@ -591,26 +598,39 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
         obj_dir = build_dir / "obj"
         obj_dir.mkdir(exist_ok=True)
         changed = _sync_sources(spec, src_dir)
-        pch: dict[str, Path] = {}
-        if options.use_pch:
-            for rel in spec.compiled:
-                kind = pch_kind(spec.sources[rel]) if not rel.endswith(".cu") else None
-                if kind and kind not in pch:
-                    header = ensure_pch(tc, kind)
-                    if header is not None:
-                        pch[kind] = header
-        ninja_text = _ninja_file(spec, tc, pch)
-        ninja_path = obj_dir / "build.ninja"
-        if not ninja_path.exists() or ninja_path.read_text() != ninja_text:
-            ninja_path.write_text(ninja_text)
         jobs = options.jobs or max(1, os.cpu_count() or 1)
-        env = {"PATH": _path_env(tc), "TMPDIR": "/tmp"}
-        readonly: list[Path | tuple[Path, str]] = [Path(h).parent for h in pch.values()]
-        readonly += [(TEMPLATES / name, str(src_dir / name)) for name in LOCKED_SOURCES if name in spec.sources]
         cfg = sandbox.SandboxConfig(**{**vars(options.sandbox), "timeout_s": options.timeout_s,
                                        "gpu_index": None, "address_space_mb": None})
-        run = sandbox.run([tc.ninja, "-C", str(obj_dir), f"-j{jobs}"], cwd=obj_dir,
-                          writable=[build_dir], readonly=readonly, env=env, config=cfg)
+
+        def ninja(pch: Mapping[str, Path], targets: list[str]) -> sandbox.RunResult:
+            ninja_text = _ninja_file(spec, tc, pch)
+            ninja_path = obj_dir / "build.ninja"
+            if not ninja_path.exists() or ninja_path.read_text() != ninja_text:
+                ninja_path.write_text(ninja_text)
+            readonly: list[Path | tuple[Path, str]] = [Path(h).parent for h in pch.values()]
+            readonly += [(TEMPLATES / name, str(src_dir / name)) for name in LOCKED_SOURCES if name in spec.sources]
+            return sandbox.run([tc.ninja, "-C", str(obj_dir), f"-j{jobs}", *targets], cwd=obj_dir, writable=[build_dir],
+                               readonly=readonly, env={"PATH": _path_env(tc), "TMPDIR": "/tmp"}, config=cfg)
+
+        pch: dict[str, Path] = {}
+        kinds = {rel: pch_kind(spec.sources[rel]) for rel in spec.compiled if not rel.endswith(".cu")}
+        wanted = sorted({k for k in kinds.values() if k}) if options.use_pch else []
+        missing = [k for k in wanted if not pch_built(tc, k)]
+        for kind in set(wanted) - set(missing):
+            header = ensure_pch(tc, kind)
+            if header is not None:
+                pch[kind] = header
+        if missing:
+            # A header not built yet (once per toolchain, tens of seconds) is built beside the
+            # objects that do not need it (CUDA kernels above all); the rest follow.
+            with ThreadPoolExecutor(len(missing)) as pool:
+                building = {k: pool.submit(ensure_pch, tc, k) for k in missing}
+                early = [_object_name(rel) for rel in spec.compiled if kinds.get(rel) not in missing]
+                if early:
+                    ninja(pch, early)  # (a failure here is reported by the full run below)
+                headers = {k: f.result() for k, f in building.items()}
+            pch.update({k: h for k, h in headers.items() if h is not None})
+        run = ninja(pch, [])
         log = (run.stdout + run.stderr).strip()
         so = obj_dir / f"{spec.name}.so"
         dt = time.perf_counter() - t0
