@@ -300,17 +300,16 @@ class Generator:
                 if sim > cfg.threshold:
                     raise _Rejected("decontaminate", f"AST similarity {sim:.3f} to {name} (threshold {cfg.threshold})")
             res = _check(code, cfg)
+            cal = res["stages"].get("calibrate") or {}
+            resized = bool(cal.get("to")) and cal["to"] != cal.get("from")
             for stage in ("runs", "calibrate", "deterministic", "nontrivial", "compile", "runtime"):
                 st = res["stages"].get(stage)
                 if st is None:
                     continue
-                if not st.get("ok"):
-                    cal = res["stages"].get("calibrate")  # the size it was rejected at, when resized
-                    raise _Rejected(stage, st.get("why", "failed"),
-                                    **({"calibrate": cal} if cal and cal.get("to") not in (None, cal.get("from")) else {}))
+                if not st.get("ok"):  # (a resized task says at which size it was rejected)
+                    raise _Rejected(stage, st.get("why", "failed"), **({"calibrate": cal} if resized else {}))
                 prov[stage] = {k: v for k, v in st.items() if k not in ("ok",)} or "ok"
-            cal = res["stages"].get("calibrate") or {}
-            if cal.get("to") and cal.get("to") != cal.get("from"):
+            if resized:
                 code = with_size(code, cal["var"], int(cal["to"]))
                 sized = task_from_code(code, name=f"gen_{i}", source="<datagen>")
                 with self.lock:

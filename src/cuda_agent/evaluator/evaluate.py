@@ -496,7 +496,7 @@ class Evaluation:
                      "kernels": {n: prof[n].get("kernels", {}) for n in ("candidate", "eager")},
                      "compile_kernels": base.compile.get("kernels", {}),
                      **{k: base.extra[k] for k in ("compile_error", "compile_retried", "compile_traceback")
-                        if base.extra.get(k) and (k != "compile_traceback" or base.extra.get("compile_error"))}})
+                        if base.extra.get(k)}})
         if sp.rejected:
             return self.result(R.REJECTED, sp.rejected[1], rule=sp.rejected[0], **fields)
         c = sp.times_us["candidate"]["median_us"]

@@ -358,7 +358,7 @@ def _python_paths() -> list[Path]:
         if not os.path.isabs(c) or not os.path.exists(c):
             continue
         for q in {os.path.normpath(c), os.path.realpath(c)}:
-            if q in ("/", home) or q in temps or os.path.realpath(q) in temps or q.startswith(("/proc", "/dev", "/sys")):
+            if q in ("/", home) or os.path.realpath(q) in temps or q.startswith(("/proc", "/dev", "/sys")):
                 continue
             paths.add(Path(q))
     covered = [Path(d) for d in _SYSTEM_DIRS] + [Path(d) for d in _SYSTEM_TOP_LINKS
