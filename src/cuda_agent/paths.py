@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import itertools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -23,6 +27,30 @@ def cache_dir(*parts: str) -> Path:
     d = cache_root().joinpath(*parts)
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+@contextmanager
+def private_slot(root: Path) -> Iterator[Path]:
+    """A subdirectory of `root` that no other holder (thread or process) uses while this
+    one holds it: `root/slot-K` for the lowest K whose lock file, `root/slot-K.lock`
+    (outside the slot, out of a sandbox's reach), is free. For caches that sandboxed runs
+    write to: a sandbox run as root owns its writable trees for the run (see `sandbox`),
+    so two runs at once must never share one. The slot's contents persist for the next."""
+    for k in itertools.count():
+        fh = open(root / f"slot-{k}.lock", "a")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            continue
+        try:
+            slot = root / f"slot-{k}"
+            slot.mkdir(exist_ok=True)
+            yield slot
+            return
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
 
 
 def short_hash(*items: str | bytes, n: int = 16) -> str:

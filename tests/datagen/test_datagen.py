@@ -125,6 +125,18 @@ def test_timings_take_the_device_one_worker_at_a_time(tmp_path: Path) -> None:
     assert "device_wait_s" not in free
 
 
+def test_concurrent_locked_timings_share_the_lock(tmp_path: Path) -> None:
+    # Two workers at once on one device lock: each runs as its own sandbox uid, and
+    # neither may take the lock file from the other (it is bound read-only).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        rows = list(ex.map(lambda i: run_one(tmp_path / str(i), GOOD, compile_filter=False,
+                                             exclusive_timing=True), range(2)))
+    assert all(r["accepted"] for r in rows), [r.get("why") for r in rows]
+    assert all("device_wait_s" in r for r in rows)
+
+
 SIZED = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
          "        super().__init__()\n\n    def forward(self, x):\n        return torch.tanh(x) * 2.0\n\n\n"
          "batch_size = 4\nfeatures = 1024\n\n\ndef get_inputs():\n    return [torch.randn(batch_size, features)]\n\n\n"

@@ -186,3 +186,20 @@ def test_compiled_module_failing_while_timed_leaves_an_eager_baseline(tmp_path: 
     assert "failed while timed" in err and "breaks after warm-up" in err, err
     assert res.speedup_vs_compile == res.speedup_vs_eager  # eager stands in for torch.compile
     assert set(cache_dir("baselines").glob("*.json")) == before
+
+
+def test_concurrent_baselines_each_compile(tmp_path: Path) -> None:
+    # Two evaluations measuring baselines at once (bench workers, xdist) used to share one
+    # torch.compile cache; as root each sandbox run owns its writable trees, so one run's
+    # inductor writes failed (EACCES) under the other's ownership. Each run has its own now.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> R.EvalResult:
+        return prof(tmp_path / str(i), C.axpby(), baseline_cache=False)
+
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(one, range(2)))
+    for res in results:
+        assert res.status == "ok", res.message
+        assert R.FLAG_COMPILE_FAILED not in res.flags, res.details.get("compile_error")
+        assert res.speedup_vs_compile is not None

@@ -277,6 +277,77 @@ def test_writable_ownership_is_given_back(work: Path) -> None:
     assert os.stat("/etc/passwd").st_uid == 0
 
 
+def test_private_slots_are_never_shared(tmp_path: Path) -> None:
+    import threading
+
+    from cuda_agent.paths import private_slot
+
+    held = threading.Event()
+    release = threading.Event()
+    seen: list[Path] = []
+
+    def hold() -> None:
+        with private_slot(tmp_path) as s:
+            seen.append(s)
+            held.set()
+            release.wait(30)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    assert held.wait(30)
+    with private_slot(tmp_path) as other:  # the same process, another thread holds slot-0
+        assert other != seen[0] and other.is_dir()
+    # another process's slot is skipped too
+    holder = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from cuda_agent.paths import private_slot
+        with private_slot(Path({str(tmp_path)!r})) as s:
+            print(s.name, flush=True)
+            sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "slot-1"
+    with private_slot(tmp_path) as third:
+        assert third.name == "slot-2"
+    holder.stdin.close()
+    holder.wait(30)
+    release.set()
+    th.join()
+    with private_slot(tmp_path) as again:  # all free: the first slot (and its contents) again
+        assert again == seen[0]
+
+
+@needs_bwrap
+@pytest.mark.skipif(not ROOT, reason="ownership hand-over only happens as root")
+def test_concurrent_runs_in_private_slots_both_write(tmp_path: Path) -> None:
+    # Each run as root owns its writable trees for the run: two runs at once on one shared
+    # cache took it from each other (EACCES mid-run), so shared caches are split in slots.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda_agent.paths import private_slot
+
+    (tmp_path / "cache").mkdir()
+    code = """
+        import os, sys, time
+        for i in range(20):
+            os.makedirs(os.path.join(sys.argv[1], "a", str(i)), exist_ok=True)
+            open(os.path.join(sys.argv[1], "a", str(i), "f"), "w").write("x")
+            time.sleep(0.02)
+    """
+
+    def one(_: int) -> sb.RunResult:
+        with private_slot(tmp_path / "cache") as slot:
+            return go(py(code, str(slot)), slot)
+
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(one, range(2)))
+    assert all(r.ok for r in results), results
+    slots = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir())
+    assert slots == ["slot-0", "slot-1"]
+    for name in slots:
+        assert os.lstat(tmp_path / "cache" / name / "a" / "19" / "f").st_uid == 0
+
+
 # --------------------------------------------------------------------------- limits
 
 

@@ -40,7 +40,7 @@ def exclusive_device() -> Iterator[None]:
         yield
         return
     t0 = time.perf_counter()
-    with open(_device_lock, "a") as fh:
+    with open(_device_lock) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         _device_wait_s[0] += time.perf_counter() - t0
         try:

@@ -153,11 +153,14 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         if var:
             spec["calibrate"] = {"var": var, "min_ms": cfg.min_ms, "max_ms": cfg.max_ms,
                                  "max_input_bytes": int(cfg.max_input_mb * (1 << 20))}
-        writable = [work]
+        readonly: list[Path] = []
         if cfg.exclusive_timing if cfg.exclusive_timing is not None else cfg.device == "cuda":
-            locks = cache_dir("datagen-locks")  # (only these locks are writable to the task)
-            spec["device_lock"] = str(locks / f"datagen-{cfg.device}{cfg.gpu_index if cfg.device == 'cuda' else ''}.lock")
-            writable.append(locks)
+            # flock needs only a read-only descriptor: the lock file is bound read-only, so
+            # runs as different sandbox uids share it and the task cannot replace it.
+            lock = cache_dir("datagen-locks") / f"datagen-{cfg.device}{cfg.gpu_index if cfg.device == 'cuda' else ''}.lock"
+            lock.touch()
+            spec["device_lock"] = str(lock)
+            readonly.append(lock)
         (work / "spec.json").write_text(json.dumps(spec))
         conf = sandbox.SandboxConfig(enabled=cfg.sandbox, timeout_s=cfg.timeout_s,
                                      gpu_index=cfg.gpu_index if cfg.device == "cuda" else None)
@@ -167,7 +170,7 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
         r = sandbox.run([sys.executable, "-m", "cuda_agent.datagen.check", str(work / "spec.json")], cwd=work,
-                        writable=writable, env=env, config=conf)
+                        writable=[work], readonly=readonly, env=env, config=conf)
         try:
             return json.loads((work / "out" / "result.json").read_text())
         except (OSError, ValueError):

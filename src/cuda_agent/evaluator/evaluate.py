@@ -37,7 +37,7 @@ from cuda_agent.evaluator import speed, timing
 from cuda_agent.evaluator.reward import Speeds, reward
 from cuda_agent.evaluator.solution import SINGLE_FILE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
-from cuda_agent.paths import cache_dir, short_hash
+from cuda_agent.paths import cache_dir, private_slot, short_hash
 from cuda_agent.tasks import Task, TaskError
 
 
@@ -338,19 +338,21 @@ class Evaluation:
                 "gate_dir": str(gate), "out_dir": str(out), "gate_timeout_s": self.opts.run_timeout_s}
         spec_path = out / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        compile_cache = cache_dir("compile")
-        env = _python_env(self.device, self.threads)
-        # torch.compile's own caches persist between evaluations (trusted code only writes there).
-        env.update(TORCHINDUCTOR_CACHE_DIR=str(compile_cache / "inductor"), TRITON_CACHE_DIR=str(compile_cache / "triton"))
         self.baseline_out, self.baseline_gate = out, gate
 
         def go() -> None:
             t0 = time.perf_counter()
-            run = sandbox.run(
-                [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(spec_path)],
-                cwd=out, writable=[out, compile_cache], readonly=[self.task_copy, gate],
-                env=env, config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
-            )
+            # torch.compile's own caches persist between evaluations (trusted code only
+            # writes there), one cache per concurrent baseline run.
+            with private_slot(cache_dir("compile")) as compile_cache:
+                env = _python_env(self.device, self.threads)
+                env.update(TORCHINDUCTOR_CACHE_DIR=str(compile_cache / "inductor"),
+                           TRITON_CACHE_DIR=str(compile_cache / "triton"))
+                run = sandbox.run(
+                    [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(spec_path)],
+                    cwd=out, writable=[out, compile_cache], readonly=[self.task_copy, gate],
+                    env=env, config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
+                )
             self.timings["baseline"] = self.timings.get("baseline", 0.0) + time.perf_counter() - t0
             self.baseline_run = run
             if not (out / "compiled").exists():
