@@ -110,3 +110,29 @@ def test_median_confidence_interval() -> None:
     assert timing.median_rel_ci([1.0, 2.0]) == float("inf")
     wide = timing.median_rel_ci([float(i) for i in range(1, 101)])
     assert 0.1 < wide < 0.3
+
+
+def test_profiled_events_match_the_profilers_own_list() -> None:
+    # The raw reading that timing uses on CUDA gives the events, names, device types and
+    # times of `prof.events()`.
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    a = torch.randn(4096)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for k in range(30):
+            with record_function(f"cuda_agent_timed_x_{k}"):
+                b = (a * 2 + 1).relu()
+            a.copy_(b.roll(1))
+    ours = timing.profiled_events(prof)
+    theirs = [(e.name, e.time_range.start, e.time_range.end, e.device_type.name) for e in prof.events()]
+    assert [o[0] for o in ours] == [t[0] for t in theirs] and len(ours) > 30 * 4
+    assert [o[3] for o in ours] == [t[3] for t in theirs]
+    for o, t in zip(ours, theirs, strict=True):
+        assert abs(o[1] - t[1]) < 1e-3 and abs(o[2] - t[2]) < 1e-3
+    tags = [o for o in ours if o[0].startswith("cuda_agent_timed_")]
+    assert len(tags) == 30 and all(t[1] < t[2] for t in tags)
+
+    class EventsOnly:  # a profile without the raw results: the profiler's own list is read
+        events = prof.events
+
+    assert [e[:4] for e in timing.profiled_events(EventsOnly())] == theirs
