@@ -152,6 +152,7 @@ def main() -> int:
     rec = json.loads(js)
     print("where a warm evaluation spends its time (s):", rec.get("timings_s"))
     print("candidate process, when each phase began (s):", (rec.get("details") or {}).get("candidate_phases_s"))
+    print("candidate timing, where it went (s):", (rec.get("details") or {}).get("candidate_measure_s"))
 
     rel = tmp / "released"
     shutil.copytree(ws, rel, ignore=shutil.ignore_patterns("cuda_extension.so", "__pycache__"))

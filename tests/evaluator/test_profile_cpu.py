@@ -37,8 +37,13 @@ def test_profiled_solution_has_times_speedups_and_reward(tmp_path: Path) -> None
     assert res.speedup_vs_eager and res.speedup_vs_compile and res.wall_speedup_vs_eager
     assert res.reward == expected_milestone(res)
     assert "profile" in res.timings_s and res.details["threads"] >= 1
+    for who in ("candidate", "baseline"):  # where each timing process spent its time
+        spent = res.details[f"{who}_measure_s"]
+        assert set(spent) == {"warm-up", "rounds", "rounds_n", "checks"} and spent["rounds_n"] >= 10, spent
+    assert res.details["candidate_measure_s"]["rounds"] < res.timings_s["profile"]
     again = prof(tmp_path / "b", C.axpby(), drift_bound=10.0)  # CPU timing noise must not re-measure here
     assert again.details["baseline"] == "cached" and "baseline" not in again.timings_s
+    assert "baseline_measure_s" not in again.details
     assert again.times_us["compile"] == res.times_us["compile"]  # the cached numbers
 
 

@@ -26,6 +26,9 @@ def prof(tmp_path: Path, task: Path, files: dict[str, str], **opts):  # type: ig
     for name, s in t.items():
         print(f"  {name:24s} median {s['median_us']:9.2f} us  min {s['min_us']:9.2f}  max {s['max_us']:9.2f}  "
               f"n={s['iterations']}  ci={s['rel_ci']:.4f}")
+    for who in ("candidate", "baseline"):
+        if res.details.get(f"{who}_measure_s"):
+            print(f"  {who} timing spent (s): {res.details[f'{who}_measure_s']}")
     if res.details.get("host_gap_us"):
         print(f"  host gap {res.details['host_gap_us']}  kinds {res.details.get('device_time_by_kind')}  "
               f"implied {res.details.get('implied_gbps')} GB/s")

@@ -271,14 +271,16 @@ def main(spec_path: str) -> int:
             eager.load_state_dict(torch.load(inputs_dir / "state_dict.pt", weights_only=True), strict=True)
             sets = [to_device(torch.load(inputs_dir / f"inputs_{k}.pt", weights_only=True), device)
                     for k in range(spec["trials"])]
+            spent: dict[str, float] = {}
             res = timing.measure({"candidate": model, "eager": eager}, sets, device.type,
-                                 timing.Protocol(**prof_spec["protocol"]), keep_outputs=["candidate"])
+                                 timing.Protocol(**prof_spec["protocol"]), keep_outputs=["candidate"], spent_s=spent)
             for k, o in res["candidate"].outputs.items():
                 torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), out / f"timed_{k}.pt")
             report["profile"] = {name: m.summary() for name, m in res.items()}
             report["profile"]["timed_outputs"] = sorted(res["candidate"].outputs)
             report["profile"]["threads"] = torch.get_num_threads()
             report["profile"]["seconds"] = time.perf_counter() - t_p
+            report["profile"]["measure_s"] = spent
         return finish(ok=True)
     except BaseException as exc:
         return finish(error="runtime", phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],

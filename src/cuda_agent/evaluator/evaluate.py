@@ -381,7 +381,7 @@ class Evaluation:
             self.baseline_error = f"the baseline measurement failed: {why}"
             return
         extra = {k: data.get(k) for k in ("compile_s", "compile_error", "compile_retried", "compile_traceback", "compile_matches_eager", "copy_gbps",
-                                           "device_name", "threads", "torch_version", "seconds") if k in data}
+                                           "device_name", "threads", "torch_version", "seconds", "measure_s") if k in data}
         key = self.baseline_key()
         # A baseline whose torch.compile failed stands in eager for compile; it is used
         # for this evaluation but never cached, so a passing failure cannot inflate the
@@ -497,6 +497,8 @@ class Evaluation:
                      "baseline_measured_at": base.measured_at,
                      "kernels": {n: prof[n].get("kernels", {}) for n in ("candidate", "eager")},
                      "compile_kernels": base.compile.get("kernels", {}),
+                     "candidate_measure_s": prof.get("measure_s"),
+                     **({"baseline_measure_s": base.extra.get("measure_s")} if self.baseline_fresh else {}),
                      **{k: base.extra[k] for k in ("compile_error", "compile_retried", "compile_traceback")
                         if base.extra.get(k)}})
         if sp.rejected:

@@ -216,6 +216,7 @@ def measure(
     device: str,
     protocol: Protocol | None = None,
     keep_outputs: Sequence[str] = (),
+    spent_s: dict[str, float] | None = None,
 ) -> dict[str, Measurement]:
     """Time each subject on new input values per call; returns raw samples per subject.
 
@@ -224,6 +225,8 @@ def measure(
     input sets are made at random between timed calls (and once more at the end for any
     set not yet checked); the last one per set is kept in `outputs`. Outputs must not
     alias inputs (the evaluator checks that before timing): they are poisoned when let go.
+    `spent_s`, when given, is filled with where the time went: seconds of warm-up, timed
+    rounds, final check calls and reading the profile, and the number of rounds.
     """
     import torch
 
@@ -253,6 +256,15 @@ def measure(
         out, results[n].outputs[which] = results[n].outputs.get(which), out
         _poison(out, spare(n))
 
+    spent = spent_s if spent_s is not None else {}
+    t_phase = _perf_ns()
+
+    def lap(name: str) -> None:
+        nonlocal t_phase
+        now = _perf_ns()
+        spent[name] = round((now - t_phase) / 1e9, 4)
+        t_phase = now
+
     with torch.no_grad():
         for n in names:
             for w in range(p.warmup):
@@ -261,6 +273,7 @@ def measure(
         if cuda:
             torch.cuda.synchronize()
 
+    lap("warm-up")
     deadline = _perf_ns() + int(p.budget_s * 1e9)
     tags: list[tuple[str, str]] = []
     prof = None
@@ -315,6 +328,8 @@ def measure(
     finally:
         if prof is not None:
             prof.__exit__(None, None, None)
+    lap("rounds")
+    spent["rounds_n"] = k
     with torch.no_grad():
         for n in names:
             if n in keep:
@@ -324,9 +339,11 @@ def measure(
                     if which == last_set[n] and len(input_sets) > 1:
                         check_call(n)  # first move the buffers to another set's values
                     check_call(n, which)
+    lap("checks")
     if prof is not None:
         _attribute_device_time(prof, tags, results)
         # The stop rule above could only see wall time; on CUDA the device time is what counts.
+        lap("profile events")
     return results
 
 
