@@ -34,6 +34,9 @@ def main() -> int:
     ap.add_argument("--solution", type=Path, default=None)
     ap.add_argument("--json-out", type=Path, default=None, help="also write every run's record here")
     ap.add_argument("--resume", action="store_true", help="count the runs already in --json-out")
+    ap.add_argument("--cached", action="store_true",
+                    help="measure the baselines once and let later runs use the cache (as the agent's "
+                         "evaluations do); reports how many runs re-measured them")
     args = ap.parse_args()
     if args.resume and not args.json_out:
         ap.error("--resume needs --json-out")
@@ -41,12 +44,15 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("CUDA_AGENT_CACHE", tempfile.mkdtemp(prefix="repeat-bench-"))
     series: dict[str, list[float]] = {k: [] for k in ("candidate", "eager", "compile", "eager_beside_candidate",
+                                                      "probe_beside_candidate", "probe_beside_baselines",
                                                       "speedup_vs_eager", "speedup_vs_compile")}
     records: list[dict] = []
 
     def add(rec: dict) -> None:
         for k in ("candidate", "eager", "compile", "eager_beside_candidate"):
             series[k].append(rec["times_us"][k]["median_us"])
+        for side, stats in ((rec.get("details") or {}).get("probe_us") or {}).items():
+            series[f"probe_{side}"].append(stats["median_us"])
         series["speedup_vs_eager"].append(rec["speedup_vs_eager"])
         series["speedup_vs_compile"].append(rec["speedup_vs_compile"])
 
@@ -58,7 +64,8 @@ def main() -> int:
     for i in range(len(records), args.runs):
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "eval", str(args.task), str(sol), "--json",
-                            "--device", args.device, "--fresh-baselines"], capture_output=True, text=True, env=env)
+                            "--device", args.device, *([] if args.cached else ["--fresh-baselines"])],
+                           capture_output=True, text=True, env=env)
         if p.returncode != 0:
             raise SystemExit(f"run {i + 1} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
         rec = json.loads(p.stdout)
@@ -75,9 +82,14 @@ def main() -> int:
     print(f"\n{len(records)} separate evaluations of {sol.name} on {args.task.stem}, {args.device} ({unit}, median per run)")
     print(f"{'series':24s} {'mean':>10s} {'min':>10s} {'max':>10s} {'CoV %':>7s}")
     for k, xs in series.items():
+        if not xs:
+            continue
         m = statistics.fmean(xs)
         cov = statistics.stdev(xs) / m * 100 if m and len(xs) > 1 else float("nan")
         print(f"{k:24s} {m:10.4f} {min(xs):10.4f} {max(xs):10.4f} {cov:7.3f}")
+    remeasured = sum("baselines-remeasured" in (r.get("flags") or []) for r in records)
+    print(f"runs that re-measured the baselines: {remeasured} of {len(records)}"
+          + (" (each run measured them anew: --fresh-baselines)" if not args.cached else ""))
     return 0
 
 

@@ -43,3 +43,20 @@ def test_drift() -> None:
     assert not BL.drifted(base, 105.0)
     assert BL.drifted(base, 115.0)
     assert BL.drifted(base, 85.0)
+
+
+def test_drift_is_judged_by_the_device_probe_when_both_sides_have_one() -> None:
+    base = BL.Baseline(eager=_stats(100.0), compile=_stats(80.0), measured_at=0.0, extra={"probe": _stats(50.0)})
+    assert base.probe_median == 50.0
+    # eager 30% off is the noise of a small task, not a changed device: the probe agrees
+    assert not BL.drifted(base, 70.0, 50.5, bound=0.05)
+    assert not BL.drifted(base, 135.0, 49.0, bound=0.05)
+    # the probe itself moved: the device is not what it was
+    assert BL.drifted(base, 100.0, 54.0, bound=0.05)
+    assert BL.drifted(base, 100.0, 46.0, bound=0.05)
+    # eager far beyond any noise: a stale entry, whatever the probe says
+    assert BL.drifted(base, 100.0 * (1 + BL.EAGER_STALE_BOUND) + 1, 50.0, bound=0.05)
+    # no probe beside the candidate (or none cached): eager against the bound, as before
+    assert BL.drifted(base, 115.0, None, bound=0.10)
+    unprobed = BL.Baseline(eager=_stats(100.0), compile=_stats(80.0), measured_at=0.0)
+    assert unprobed.probe_median is None and BL.drifted(unprobed, 115.0, 50.0, bound=0.10)

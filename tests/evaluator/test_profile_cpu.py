@@ -77,6 +77,20 @@ def test_drifted_baseline_is_measured_again(tmp_path: Path) -> None:
     res = prof(tmp_path / "b", C.axpby())
     assert R.FLAG_REMEASURED in res.flags and res.details["baseline"] == "measured"
     assert res.speedup_vs_eager < 3 * first.speedup_vs_eager  # the inflated eager time was not used
+    assert res.details["scaled_by"] == "probe" and set(res.details["probe_us"]) == {"beside_candidate",
+                                                                                   "beside_baselines"}
+
+
+def test_a_changed_device_probe_re_measures_the_baselines(tmp_path: Path) -> None:
+    first = prof(tmp_path / "a", C.axpby())
+    assert first.status == "ok", first.message
+    for path in cache_dir("baselines").glob("*.json"):
+        data = json.loads(path.read_text())
+        assert data["extra"]["probe"]["device"]["median_us"] > 0  # the baseline process timed the probe
+        data["extra"]["probe"]["device"]["median_us"] *= 4  # the device ran 4x slower back then
+        path.write_text(json.dumps(data))
+    res = prof(tmp_path / "b", C.axpby())
+    assert R.FLAG_REMEASURED in res.flags and res.details["baseline"] == "measured", res.flags
 
 
 def test_output_cache_keyed_by_pointer_does_not_win(tmp_path: Path) -> None:

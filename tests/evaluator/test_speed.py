@@ -32,6 +32,22 @@ def test_speedups_use_the_trusted_baselines_rescaled_only_downwards() -> None:
     assert slower_now.speedup_vs_eager == 2.0 and R.FLAG_EAGER_SLOWER in slower_now.flags
 
 
+def test_the_device_probe_sets_the_scale_not_eager_noise() -> None:
+    probe = summary(60.0)
+    # eager beside the candidate ran 30% faster (process-to-process noise of a small task),
+    # the probe did not move: the trusted baselines stand as they are
+    out = speed.judge(summary(50.0), summary(70.0), EAGER, COMPILE, "cuda", probe_now=probe, probe_base=probe)
+    assert out.speedup_vs_eager == 2.0 and out.speedup_vs_compile == 1.6
+    assert out.details["scale"] == 1.0 and out.details["scaled_by"] == "probe"
+    # the probe ran 10% faster beside the candidate: the device is faster now, baselines shrink
+    faster = speed.judge(summary(50.0), EAGER, EAGER, COMPILE, "cuda", probe_now=summary(54.0), probe_base=probe)
+    assert faster.details["scale"] == 0.9 and faster.speedup_vs_compile == 1.44
+    # a slower probe gains the candidate nothing
+    slower = speed.judge(summary(50.0), EAGER, EAGER, COMPILE, "cuda", probe_now=summary(90.0), probe_base=probe)
+    assert slower.details["scale"] == 1.0 and slower.speedup_vs_compile == 1.6
+    assert faster.details["probe_us"]["beside_candidate"]["median_us"] == 54.0
+
+
 def test_flags_for_wide_intervals_and_implausible_speedups() -> None:
     out = speed.judge(summary(5.0, rel_ci=0.05), EAGER, EAGER, COMPILE, "cpu")
     assert R.FLAG_WIDE_CI in out.flags and R.FLAG_OVER_10X in out.flags and out.rejected is None

@@ -112,7 +112,7 @@ def main(spec_path: str) -> int:
         spent: dict[str, float] = {}
         result["measure_s"] = spent
         try:
-            res = timing.measure(subjects, sets, device.type, proto, spent_s=spent)
+            res = timing.measure(subjects, sets, device.type, proto, spent_s=spent, probe=True)
         except Exception as exc:
             if compiled is None:
                 raise
@@ -122,7 +122,7 @@ def main(spec_path: str) -> int:
             result["compile_traceback"] = traceback.format_exc(limit=12)[-3000:]
             compiled, subjects = None, {"eager": eager}
             phase = "timing eager"
-            res = timing.measure(subjects, sets, device.type, proto, spent_s=spent)
+            res = timing.measure(subjects, sets, device.type, proto, spent_s=spent, probe=True)
         result.update({name: m.summary() for name, m in res.items()})
         if compiled is None:
             result["compile"] = result["eager"]

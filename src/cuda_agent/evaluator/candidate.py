@@ -273,7 +273,8 @@ def main(spec_path: str) -> int:
                     for k in range(spec["trials"])]
             spent: dict[str, float] = {}
             res = timing.measure({"candidate": model, "eager": eager}, sets, device.type,
-                                 timing.Protocol(**prof_spec["protocol"]), keep_outputs=["candidate"], spent_s=spent)
+                                 timing.Protocol(**prof_spec["protocol"]), keep_outputs=["candidate"], spent_s=spent,
+                                 probe=True)
             for k, o in res["candidate"].outputs.items():
                 torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), out / f"timed_{k}.pt")
             report["profile"] = {name: m.summary() for name, m in res.items()}

@@ -64,8 +64,9 @@ class EvalOptions:
     compile_mode: str = "default"
     threads: int | None = None  # torch/OpenMP threads in the timed processes; default: all usable cores
     protocol: timing.Protocol = field(default_factory=timing.Protocol)
-    # Eager beside the candidate this far off the cached eager re-measures the baselines;
-    # None: 0.10 on CUDA, 0.25 on the CPU (whose timings between processes are noisier).
+    # The device probe beside the candidate this far off the probe beside the cached
+    # baselines re-measures them (see baselines.drifted); None: 0.05 on CUDA, 0.25 on the
+    # CPU (whose timings between processes are noisier).
     drift_bound: float | None = None
     baseline_cache: bool = True
 
@@ -146,7 +147,7 @@ class Evaluation:
         self.opts = opts
         self.device = resolve_device(opts.device)
         self.drift_bound = opts.drift_bound if opts.drift_bound is not None else (
-            0.10 if self.device == "cuda" else 0.25)
+            0.05 if self.device == "cuda" else 0.25)
         if opts.seed is None:
             rng = random.SystemRandom()
             self.init_seed = rng.randrange(2**31)
@@ -381,7 +382,7 @@ class Evaluation:
             self.baseline_error = f"the baseline measurement failed: {why}"
             return
         extra = {k: data.get(k) for k in ("compile_s", "compile_error", "compile_retried", "compile_traceback", "compile_matches_eager", "copy_gbps",
-                                           "device_name", "threads", "torch_version", "seconds", "measure_s") if k in data}
+                                           "device_name", "threads", "torch_version", "seconds", "measure_s", "probe") if k in data}
         key = self.baseline_key()
         # A baseline whose torch.compile failed stands in eager for compile; it is used
         # for this evaluation but never cached, so a passing failure cannot inflate the
@@ -464,8 +465,10 @@ class Evaluation:
                                    f"({m.message}); every call must compute its output from its inputs (no "
                                    "caching of earlier results).", rule=R.RULE_TIMED_OUTPUT,
                                    trials_passed=res.trials_passed)
-        eager_now = prof["eager"]
-        if not self.baseline_fresh and BL.drifted(self.baseline, eager_now["device"]["median_us"], self.drift_bound):
+        eager_now, probe_now = prof["eager"], prof.get(timing.PROBE)
+        probe_now_us = probe_now["device"]["median_us"] if isinstance(probe_now, dict) else None
+        if not self.baseline_fresh and BL.drifted(self.baseline, eager_now["device"]["median_us"], probe_now_us,
+                                                  self.drift_bound):
             # The device is not what it was when the baselines were cached: measure them again.
             self.flags.append(R.FLAG_REMEASURED)
             th = self.start_baseline(gated=False)
@@ -486,7 +489,8 @@ class Evaluation:
             self.flags.append(R.FLAG_COMPILE_DIFFERS)
         sp = speed.judge(prof["candidate"], eager_now, base.eager, base.compile, self.device,
                          self.opts.protocol.target_rel_ci, self.drift_bound,
-                         io_bytes=self.io_bytes(), bandwidth_gbps=float(base.extra.get("copy_gbps") or 0.0))
+                         io_bytes=self.io_bytes(), bandwidth_gbps=float(base.extra.get("copy_gbps") or 0.0),
+                         probe_now=probe_now, probe_base=base.extra.get("probe"))
         self.flags += sp.flags
         fields: dict[str, Any] = dict(
             times_us=sp.times_us, wall_times_us=sp.wall_times_us, speedup_vs_eager=sp.speedup_vs_eager,

@@ -3,17 +3,19 @@
 Inputs: the candidate process's measurements (candidate and eager, interleaved) and the
 trusted baseline process's (eager and torch.compile, interleaved, possibly cached).
 
-Speedups compare the candidate with the *trusted* baselines, rescaled by how fast eager
-ran beside the candidate, but only ever downwards:
+Speedups compare the candidate with the *trusted* baselines, rescaled by how fast the
+device probe (`timing.probe_workload`, timed in the same rounds on both sides) ran
+beside the candidate, but only ever downwards:
 
-    scale = min(1, eager_beside_candidate / eager_trusted)
+    scale = min(1, probe_beside_candidate / probe_beside_baselines)
     speedup_vs_eager   = eager_trusted   * scale / candidate
     speedup_vs_compile = compile_trusted * scale / candidate
 
 If the device is faster now than when the baselines were measured, the baselines shrink
-with it; if eager looks slower beside the candidate (a slower device, or a candidate that
+with it; if it looks slower beside the candidate (a slower device, or a candidate that
 slows its neighbours), nothing is gained. A drift beyond a bound re-measures the baselines
-(see `evaluate`).
+(see `evaluate`). Without a probe on both sides, eager beside the candidate stands in for
+it (a noisier stand-in: see `baselines.drifted`).
 
 On CUDA, times are device time (profiler); the wall time beside it is the cross-check:
 work done on the host, in another thread or outside the profiled region shows up as a gap
@@ -77,7 +79,8 @@ def _ratio(a: float, b: float) -> float:
 
 def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict[str, Any],
           base_compile: dict[str, Any], device: str, target_rel_ci: float = 0.01,
-          drift_bound: float = 0.10, io_bytes: int = 0, bandwidth_gbps: float = 0.0) -> SpeedOutcome:
+          drift_bound: float = 0.10, io_bytes: int = 0, bandwidth_gbps: float = 0.0,
+          probe_now: dict[str, Any] | None = None, probe_base: dict[str, Any] | None = None) -> SpeedOutcome:
     """Speedups and checks; the dicts are `timing.Measurement.summary()` outputs.
 
     `io_bytes` (inputs plus outputs of one call) and `bandwidth_gbps` (the device's measured
@@ -87,8 +90,14 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
     b_e_dev, b_c_dev = base_eager["device"]["median_us"], base_compile["device"]["median_us"]
     c_wall, e_wall = candidate["wall"]["median_us"], eager_now["wall"]["median_us"]
     b_e_wall, b_c_wall = base_eager["wall"]["median_us"], base_compile["wall"]["median_us"]
-    scale = min(1.0, _ratio(e_dev, b_e_dev)) if b_e_dev > 0 else 1.0
-    wscale = min(1.0, _ratio(e_wall, b_e_wall)) if b_e_wall > 0 else 1.0
+    if probe_now and probe_base and probe_base["device"]["median_us"] > 0 and probe_base["wall"]["median_us"] > 0:
+        scale = min(1.0, _ratio(probe_now["device"]["median_us"], probe_base["device"]["median_us"]))
+        wscale = min(1.0, _ratio(probe_now["wall"]["median_us"], probe_base["wall"]["median_us"]))
+        scaled_by = "probe"
+    else:
+        scale = min(1.0, _ratio(e_dev, b_e_dev)) if b_e_dev > 0 else 1.0
+        wscale = min(1.0, _ratio(e_wall, b_e_wall)) if b_e_wall > 0 else 1.0
+        scaled_by = "eager"
     out = SpeedOutcome(
         times_us={"candidate": _short(candidate["device"]), "eager": _short(base_eager["device"]),
                   "compile": _short(base_compile["device"]), "eager_beside_candidate": _short(eager_now["device"])},
@@ -100,6 +109,10 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
         wall_speedup_vs_compile=round(_ratio(b_c_wall * wscale, c_wall), 4),
     )
     out.details["scale"] = round(scale, 4)
+    out.details["scaled_by"] = scaled_by
+    if probe_now and probe_base:
+        out.details["probe_us"] = {"beside_candidate": _short(probe_now["device"]),
+                                   "beside_baselines": _short(probe_base["device"])}
     if b_e_dev > 0 and e_dev > b_e_dev * (1 + drift_bound):
         out.flags.append(R.FLAG_EAGER_SLOWER)
     if max(candidate["device"].get("rel_ci", 0), base_compile["device"].get("rel_ci", 0)) > target_rel_ci:

@@ -18,6 +18,11 @@ pointer or shape returns the answer of an earlier call there and fails that chec
   streams that ran while the call was in flight (profiler/CUPTI), beside *wall time*
   (CUDA events around the call plus a device-wide synchronisation inside the region).
 
+With `probe`, a fixed workload that stands for the device's speed (see `probe_workload`)
+is timed in the same rounds: the evaluator compares its time in the candidate's process
+with its time where the baselines were measured, to tell a changed device from a noisy
+task (eager PyTorch on a small task varies by tens of percent between processes).
+
 Iterations stop when the median's relative 95% confidence interval is under the target
 for every subject, or the budget is spent. The clock and the random source used here are
 bound at import, so a candidate imported later cannot monkey-patch or seed them.
@@ -34,10 +39,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: the device probe is timed beside the subjects
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported
 _rng = random.Random(os.urandom(16))  # private: not the global generators a candidate can seed
 CHECK_PROBABILITY = 0.2  # share of rounds followed by an untimed check call
+PROBE = "probe"  # the subject name of the device probe
 
 
 @dataclass
@@ -210,6 +216,31 @@ class _CudaClock:
         return wall, math.nan, out
 
 
+def probe_workload(device: str) -> Callable[..., None]:
+    """A fixed workload whose time stands for the device's speed: a copy of a buffer larger
+    than any L2 cache (memory bandwidth) and a float32 matrix product (SM clocks). Its time
+    varies far less between processes than a small task's eager time does. The tensors are
+    made here, in the trusted code, before any candidate call; a candidate that slows it
+    down (work left running, say) makes its own evaluation re-measure the baselines, one
+    that speeds it up (a global TF32 switch) only shrinks its own speedups."""
+    import torch
+
+    cuda = device == "cuda"
+    n_copy, n_mm = ((32 << 20), 1024) if cuda else ((2 << 20), 192)
+    g = _torch_generator(device)
+    src = torch.rand(n_copy, device=device, generator=g)
+    dst = torch.empty_like(src)
+    a = torch.rand(n_mm, n_mm, device=device, generator=g)
+    b = torch.rand(n_mm, n_mm, device=device, generator=g)
+    c = torch.empty(n_mm, n_mm, device=device)
+
+    def run(*_ignored: Any) -> None:
+        dst.copy_(src)
+        torch.mm(a, b, out=c)
+
+    return run
+
+
 def measure(
     subjects: dict[str, Callable[..., Any]],
     input_sets: Sequence[list[Any]],
@@ -217,6 +248,7 @@ def measure(
     protocol: Protocol | None = None,
     keep_outputs: Sequence[str] = (),
     spent_s: dict[str, float] | None = None,
+    probe: bool = False,
 ) -> dict[str, Measurement]:
     """Time each subject on new input values per call; returns raw samples per subject.
 
@@ -226,14 +258,17 @@ def measure(
     set not yet checked); the last one per set is kept in `outputs`. Outputs must not
     alias inputs (the evaluator checks that before timing): they are poisoned when let go.
     `spent_s`, when given, is filled with where the time went: seconds of warm-up, timed
-    rounds, final check calls and reading the profile, and the number of rounds.
+    rounds, final check calls and reading the profile, and the number of rounds. With
+    `probe`, the device probe is one more subject, named `PROBE` (it takes no inputs).
     """
     import torch
 
     p = protocol or Protocol()
+    if probe:
+        subjects = {**subjects, PROBE: probe_workload(device)}
     names = list(subjects)
-    keep = set(keep_outputs)
-    buffers = {n: _fresh(input_sets[0]) for n in names}
+    keep = set(keep_outputs) - {PROBE}
+    buffers = {n: _fresh(input_sets[0]) if n != PROBE else [] for n in names}
     last_set = {n: 0 for n in names}  # which input set the subject's buffers were last filled from
     results = {n: Measurement() for n in names}
     cuda = device == "cuda"
@@ -268,7 +303,8 @@ def measure(
     with torch.no_grad():
         for n in names:
             for w in range(p.warmup):
-                _write_inputs(buffers[n], input_sets[w % len(input_sets)], p.shift_inputs)
+                if n != PROBE:
+                    _write_inputs(buffers[n], input_sets[w % len(input_sets)], p.shift_inputs)
                 subjects[n](*buffers[n])
         if cuda:
             torch.cuda.synchronize()
@@ -291,10 +327,11 @@ def measure(
                     # Subjects of one round start from different input sets, so an output left
                     # in freed memory by the subject before is never the right answer.
                     which = (k + j) % len(input_sets)
-                    if k % 3 == 2:
-                        buffers[n] = _fresh(input_sets[which])  # new memory, not only new values
-                    _write_inputs(buffers[n], input_sets[which], p.shift_inputs)
-                    last_set[n] = which
+                    if n != PROBE:
+                        if k % 3 == 2:
+                            buffers[n] = _fresh(input_sets[which])  # new memory, not only new values
+                        _write_inputs(buffers[n], input_sets[which], p.shift_inputs)
+                        last_set[n] = which
 
                     def call(n: str = n) -> Any:
                         return subjects[n](*buffers[n])
