@@ -5,7 +5,13 @@ cuda-agent, cold and warm, beside the released agent_workdir's flow on the same 
 
 cuda-agent: `bash utils/compile.sh` then `python3 -m utils.profiling` (which verifies first)
 in a workspace; cold = empty cache directory (build, precompiled header, torch.compile
-baselines all new), warm = after a one-line edit of the kernel file. A `cuda-agent eval
+baselines all new), warm = after a one-line edit of the kernel file. Each command first
+runs on its own (a new evaluator process per command, as a user's shell without the
+agent has it), then through the evaluation service as in an agent episode: the shell's
+commands go to one long-lived evaluator, whose evaluations take the reference and
+candidate processes started ahead by the one before (`evaluator.warm`). That is timed
+back to back (edit, compile, profile at once) and after a pause that lets the spare
+finish starting, as the agent's thinking between two tool calls does. A `cuda-agent eval
 --json` of the edited workspace prints where the time goes.
 
 Released flow, as its scripts do it, each step a new process: force rebuild (build dir
@@ -111,6 +117,84 @@ for name, m in (("eager", ref), ("compile", compiled), ("candidate", new)):
 """
 
 
+def new_task_workspace(task: Path, sol: Path, tmp: Path, env: dict[str, str], py: str, device: str) -> Path:
+    """A workspace for a task not seen yet (the benchmark's task, other sizes): nothing of it
+    is cached, while the machine's caches (precompiled header, processes) are warm."""
+    text = task.read_text()
+    variant = tmp / f"{task.stem}_new.py"
+    variant.write_text(text.replace("rows = 256", "rows = 384") if "rows = 256" in text else text + "\n# new task\n")
+    ws = tmp / "ws-new"
+    subprocess.run([py, "-m", "cuda_agent.cli", "workspace", str(variant), str(ws), "--device", device],
+                   check=True, env=env, capture_output=True)
+    shutil.copy(sol / "model_new.py", ws / "model_new.py")
+    for f in (sol / "kernels").iterdir():
+        shutil.copy(f, ws / "kernels" / f.name)
+    for f in [*(ws / "kernels").iterdir(), *ws.glob("*.cpp")]:  # a solution never built: every file compiles
+        if f.suffix in (".cu", ".cpp", ".h", ".cuh"):
+            f.write_text(f.read_text() + f"\n// new solution {time.time_ns()}\n")
+    return ws
+
+
+def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: str, task: Path, sol: Path,
+                 tmp: Path, device: str) -> list[tuple[str, list[float]]]:
+    """compile + profiling through the evaluation service, back to back and with the spare
+    ready; then a new task's first evaluation, through a new episode's service."""
+    from cuda_agent.agent.service import EvalService
+    from cuda_agent.evaluator import warm
+    from cuda_agent.workspace.commands import SOCKET_ENV
+
+    os.environ["CUDA_AGENT_CACHE"] = env["CUDA_AGENT_CACHE"]  # the service's evaluator: same caches
+    results: list = []
+    control = Path(tempfile.mkdtemp(prefix="control-"))
+    service = EvalService(ws, control, listener=lambda name, argv, rc, text, res: results.append(res))
+    service.start()
+    s_env = dict(env, **{SOCKET_ENV: str(service.path), "CUDA_AGENT_WORKSPACE": str(ws)})
+    rows: list[tuple[str, list[float]]] = []
+    try:
+        timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")
+        timed([py, "-m", "utils.profiling"], ws, s_env, "service: first profiling (no spare yet)")
+        for label, pause in (("back to back", False), ("spare ready (as after the agent's thinking)", True)):
+            comp, prof = [], []
+            for i in range(repeats):
+                kernel.write_text(kernel.read_text() + f"\n// service edit {label[:4]} {i} {time.time_ns()}\n")
+                comp.append(timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")[0])
+                if pause:
+                    key = warm.POOL.any_key()
+                    ok = key is not None and warm.POOL.wait_ready(key, 120)
+                    print(f"  (spare ready: {ok})", flush=True)
+                prof.append(timed([py, "-m", "utils.profiling"], ws, s_env, f"service: profiling, {label}")[0])
+                rec = results[-1]
+                if rec is not None and hasattr(rec, "timings_s"):
+                    print("    timings_s:", rec.timings_s, "warm_start:", rec.details.get("warm_start"),
+                          "flags:", rec.flags, flush=True)
+                    print("    candidate phases:", rec.details.get("candidate_phases_s"), flush=True)
+            rows += [(f"service, {label}: compile.sh", comp), (f"service, {label}: profiling", prof),
+                     (f"service, {label}: iteration = compile + profiling",
+                      [a + b for a, b in zip(comp, prof, strict=True)])]
+        # A new task in the same long-lived evaluator (the next episode): its solution is
+        # built anew, its baselines measured (torch.compile included), with the spare ready.
+        ws2 = new_task_workspace(task, sol, tmp, env, py, device)
+        service.close()
+        service = EvalService(ws2, control, listener=lambda name, argv, rc, text, res: results.append(res))
+        service.start()
+        n_env = dict(env, **{SOCKET_ENV: str(service.path), "CUDA_AGENT_WORKSPACE": str(ws2)})
+        key = warm.POOL.any_key()
+        print(f"  (spare ready: {key is not None and warm.POOL.wait_ready(key, 120)})", flush=True)
+        c2 = timed(["bash", "utils/compile.sh"], ws2, n_env, "service: new task, compile.sh (its first build)")[0]
+        p2 = timed([py, "-m", "utils.profiling"], ws2, n_env, "service: new task, first profiling")[0]
+        rec = results[-1]
+        if rec is not None and hasattr(rec, "timings_s"):
+            print("    timings_s:", rec.timings_s, "warm_start:", rec.details.get("warm_start"), flush=True)
+        rows += [("service, new task: compile.sh (first build)", [c2]),
+                 ("service, new task: first profiling (baselines measured)", [p2]),
+                 ("service, new task: first evaluation = compile + profiling", [c2 + p2])]
+    finally:
+        service.close()
+        warm.POOL.close()
+        shutil.rmtree(control, ignore_errors=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -154,6 +238,8 @@ def main() -> int:
     print("candidate process, when each phase began (s):", (rec.get("details") or {}).get("candidate_phases_s"))
     print("candidate timing, where it went (s):", (rec.get("details") or {}).get("candidate_measure_s"))
 
+    rows += service_rows(ws, env, kernel, args.repeats, py, args.task, sol, tmp, args.device)
+
     rel = tmp / "released"
     shutil.copytree(ws, rel, ignore=shutil.ignore_patterns("cuda_extension.so", "__pycache__"))
     shutil.copy(TEMPLATES / "binding.cpp", rel / "binding.cpp")
@@ -183,7 +269,12 @@ def main() -> int:
     ours = statistics.median([a + b for a, b in zip(warm_c, warm_p, strict=True)])
     theirs = statistics.median([a + b + c for a, b, c in zip(rb, rv, rp, strict=True)])
     print(f"warm iteration: cuda-agent {ours:.2f} s, released flow {theirs:.2f} s: {theirs / ours:.1f}x faster")
-    print(f"cold first evaluation: {c + v + p:.2f} s (compile + verification + profiling)")
+    for name, xs in rows:
+        if name.startswith("service") and name.endswith("iteration = compile + profiling"):
+            m = statistics.median(xs)
+            print(f"{name}: {m:.2f} s, released flow {theirs:.2f} s: {theirs / m:.1f}x faster")
+    print(f"cold first evaluation: {c + v + p:.2f} s (compile + verification + profiling; empty caches, "
+          "the precompiled header included)")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -93,3 +93,30 @@ def test_uninitialised_output_after_verification_is_incorrect(tmp_path: Path) ->
         "        return torch.empty_like(a)\n")
     res = prof(tmp_path, C.AXPBY_TASK, files, static_checks=False)
     assert res.status in ("incorrect", "rejected") and res.reward == -1.0, res.message
+
+
+def test_spares_give_the_same_verdicts_on_the_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluations in processes started ahead (CUDA context and profiler already up) catch
+    what fresh ones catch: a stream escape during verification (trial 1's profiler watch),
+    a side stream after verification (the timing's), and time a correct solution."""
+    from cuda_agent.evaluator import warm
+
+    pool = warm.Pool()
+    monkeypatch.setattr(warm, "POOL", pool)
+    try:
+        prof(tmp_path / "0", C.AXPBY_TASK, C.AXPBY, warm=True)  # leaves the first spare
+        cases = [("ok", C.AXPBY, None), ("rejected", C.LATE_SIDE_STREAM, R.RULE_STREAM)]
+        cases += [(st, files, rule) for files, st, rule in [C.CHEATS[n] for n in sorted(C.CHEATS)] if rule == R.RULE_STREAM]
+        for k, (status, files, rule) in enumerate(cases):
+            key = pool.any_key()
+            assert key is not None and pool.wait_ready(key, 120)
+            res = prof(tmp_path / str(k + 1), C.AXPBY_TASK, files, warm=True, static_checks=False)
+            print(f"  spare case {k}: {res.status} {res.rule} phases {res.details.get('candidate_phases_s')} "
+                  f"timings {res.timings_s}")
+            assert res.details.get("warm_start") is True and res.status == status, res.message
+            if rule:
+                assert res.rule == rule, res.message
+            else:
+                assert res.reward >= 1.0 and R.FLAG_REMEASURED not in res.flags, res.flags
+    finally:
+        pool.close()

@@ -612,3 +612,21 @@ def test_startup_overhead(work: Path) -> None:
     print(f"run(['true']) median: sandboxed {timings[True] * 1e3:.1f} ms, "
           f"direct {timings[False] * 1e3:.1f} ms")
     assert timings[True] < 0.5
+
+
+# --------------------------------------------------------------------------- a moving deadline
+
+
+@needs_bwrap
+@BOTH
+def test_a_deadline_moved_while_running_kills_on_time(work: Path, enabled: bool) -> None:
+    import threading
+
+    deadline = sb.Deadline(time.monotonic() + 60)
+    threading.Timer(0.5, lambda: deadline.set_in(0.5)).start()  # as when a spare gets its job
+    t0 = time.monotonic()
+    res = go(py("import time; time.sleep(30)"), work, enabled, deadline=deadline)
+    assert res.timed_out and time.monotonic() - t0 < 5, res
+    later = sb.Deadline(time.monotonic() + 0.3)
+    threading.Timer(0.1, lambda: later.set_in(3)).start()  # moved out: the command may finish
+    assert go(py("import time; time.sleep(1); print('done')"), work, enabled, deadline=later).stdout == "done\n"

@@ -30,9 +30,11 @@ _MAX_REQUEST = 64 * 1024
 
 class EvalService:
     def __init__(self, workspace: Path, control_dir: Path, *, sandbox: bool = True,
-                 listener: Listener | None = None, device_lock: Any = None) -> None:
+                 listener: Listener | None = None, device_lock: Any = None, warm: bool = True) -> None:
         self.workspace = workspace
         self.sandbox = sandbox
+        # evaluations take spare processes started ahead and leave one (see evaluator.warm)
+        self.warm = warm
         self.listener = listener
         self.path = control_dir / "eval.sock"
         self._lock = threading.Lock()  # one evaluation at a time per episode
@@ -102,7 +104,8 @@ class EvalService:
                 if name not in COMMANDS:
                     raise ValueError(f"unknown command {name!r}")
                 with self.device_lock if name != "compile" else contextlib.nullcontext():
-                    rc, result = run_command(name, self.workspace, argv, parts.append, sandbox=self.sandbox)
+                    rc, result = run_command(name, self.workspace, argv, parts.append, sandbox=self.sandbox,
+                                           warm=self.warm)
             except (ValueError, SystemExit) as exc:  # usage errors (argparse)
                 rc, parts = 2, [*parts, f"{exc}\n"]
             except Exception as exc:  # the evaluator itself failed: say so, keep serving

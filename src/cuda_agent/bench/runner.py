@@ -82,7 +82,9 @@ def slots_for(cfg: BenchConfig) -> list[Slot]:
 def eval_options(cfg: BenchConfig, slot: Slot) -> Any:
     from cuda_agent.evaluator.evaluate import EvalOptions
 
-    opts = EvalOptions(device=cfg.device, **cfg.eval_options)
+    # A worker evaluates one solution after another: each takes the spare processes the
+    # one before left (see evaluator.warm).
+    opts = EvalOptions(device=cfg.device, **{"warm": True, **cfg.eval_options})
     if slot.gpu is not None:
         opts = replace(opts, gpu_index=slot.gpu)
     if slot.threads is not None and opts.threads is None:

@@ -16,6 +16,7 @@ exception that escapes `evaluate`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,7 +34,7 @@ from cuda_agent import sandbox
 from cuda_agent.evaluator import baselines as BL
 from cuda_agent.evaluator import build as B
 from cuda_agent.evaluator import record as R
-from cuda_agent.evaluator import speed, timing
+from cuda_agent.evaluator import speed, timing, warm
 from cuda_agent.evaluator.reward import Speeds, reward
 from cuda_agent.evaluator.solution import SINGLE_FILE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
@@ -69,6 +70,9 @@ class EvalOptions:
     # CPU (whose timings between processes are noisier).
     drift_bound: float | None = None
     baseline_cache: bool = True
+    # Take a spare (reference and candidate processes started ahead, see `warm`) when one
+    # is ready, and leave one for the next evaluation: for long-lived evaluators.
+    warm: bool = False
 
 BASELINE_SEEDS = [7001, 7002, 7003, 7004, 7005]  # baselines do not depend on an evaluation's seeds
 
@@ -138,6 +142,54 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _layout(work: Path) -> None:
+    """The run directory's parts that the sandboxed processes bind (see `_command`)."""
+    for d in ("shared", "private", "run/out", "cin/ext", "gate-candidate"):
+        (work / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(work / d, 0o755)
+
+
+def _command(kind: str, work: Path, opts: EvalOptions, device: str, threads: int,
+             wait: bool = False) -> tuple[list[str], dict[str, Any]]:
+    """argv and sandbox arguments of the reference or candidate process of `work`.
+
+    The reference writes the inputs to `shared/` (which the candidate reads) and the
+    expected outputs to `private/` (which the candidate never sees). The candidate reads
+    its spec, the built extension(s) and the task's `Model` from `cin/`, and writes only
+    to `run/`. With `wait`, the process starts ahead of its job (see `warm`)."""
+    tail = ["--wait", device, str(warm.IDLE_S)] if wait else []
+    config = _sandbox_config(opts, opts.run_timeout_s, device)
+    if kind == "reference":
+        spec = work / "private" / "reference_spec.json"
+        return ([sys.executable, "-m", "cuda_agent.evaluator.reference", str(spec), *tail],
+                dict(cwd=work / "private", writable=[work / "shared", work / "private"],
+                     env=_python_env(device), config=config))
+    spec = work / "cin" / "candidate_spec.json"
+    return ([sys.executable, "-m", "cuda_agent.evaluator.candidate", str(spec), *tail],
+            dict(cwd=work / "run", writable=[work / "run"],
+                 readonly=[work / "shared", work / "cin", work / "gate-candidate"],
+                 env=_python_env(device, threads), config=config))
+
+
+def _spare_key(opts: EvalOptions, device: str, threads: int) -> tuple[Any, ...]:
+    return (device, opts.gpu_index, threads, opts.sandbox, opts.max_processes, os.environ.get("PYTHONPATH", ""))
+
+
+def _start_spare(opts: EvalOptions, device: str, threads: int) -> warm.Spare:
+    work = Path(tempfile.mkdtemp(prefix="eval-", dir=cache_dir("runs")))
+    os.chmod(work, 0o755)
+    _layout(work)
+    spare = warm.Spare(work=work)
+    try:
+        for kind in ("reference", "candidate"):
+            argv, kw = _command(kind, work, opts, device, threads, wait=True)
+            spare.procs[kind] = warm.Proc(argv, **kw, timeout_s=warm.IDLE_S + 60)
+    except BaseException:
+        spare.close()
+        raise
+    return spare
+
+
 class Evaluation:
     """One evaluation; `run()` returns the record. Split into steps for readability."""
 
@@ -159,11 +211,14 @@ class Evaluation:
         self.threads = opts.threads or _usable_cores()
         self.work = Path(tempfile.mkdtemp(prefix="eval-", dir=cache_dir("runs")))
         os.chmod(self.work, 0o755)
+        _layout(self.work)
+        self.spare: warm.Spare | None = None
         self.baseline: BL.Baseline | None = None
         self.baseline_fresh = False
         self.baseline_error: str | None = None
         self.flags: list[str] = []
         self.gated = False  # the candidate's profile waits for a baseline measurement
+        self.details_extra: dict[str, Any] = {}
 
     def result(self, status: str, message: str, **kw: Any) -> R.EvalResult:
         return R.EvalResult(
@@ -177,27 +232,45 @@ class Evaluation:
 
     # -- steps ---------------------------------------------------------------------------
 
+    def take_spare(self) -> None:
+        """Run in a spare's directory, with its processes, when one is ready."""
+        if not self.opts.warm:
+            return
+        spare = warm.POOL.take(_spare_key(self.opts, self.device, self.threads))
+        if spare is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+            self.work, self.spare = spare.work, spare
+
+    def start_process(self, kind: str, timeout: float) -> tuple[warm.Proc, bool]:
+        """The spare's process of this kind (given its job's timeout), or a new one; its
+        spec must be in place. True when it is the spare's."""
+        if self.spare is not None and kind in self.spare.procs:
+            proc = self.spare.procs.pop(kind)
+            proc.deadline.set_in(timeout)
+            proc.started = time.perf_counter()
+            return proc, True
+        argv, kw = _command(kind, self.work, self.opts, self.device, self.threads)
+        return warm.Proc(argv, **kw, timeout_s=timeout), False
+
     def start_reference(self) -> threading.Thread:
         shared = self.work / "shared"
         private = self.work / "private"
-        shared.mkdir()
-        private.mkdir()
         task_path = private / "model.py"
         task_path.write_text(self.task.code)
         spec = {"task_path": str(task_path), "task_name": self.task.name, "shared_dir": str(shared),
                 "private_dir": str(private), "device": self.device, "seeds": self.seeds,
                 "init_seed": self.init_seed}
-        spec_path = private / "reference_spec.json"
-        spec_path.write_text(json.dumps(spec))
+        warm.publish(private / "reference_spec.json", json.dumps(spec))
         self.reference_run: sandbox.RunResult | None = None
+        proc, spare = self.start_process("reference", self.opts.run_timeout_s)
 
         def go() -> None:
             t0 = time.perf_counter()
-            self.reference_run = sandbox.run(
-                [sys.executable, "-m", "cuda_agent.evaluator.reference", str(spec_path)],
-                cwd=private, writable=[shared, private], env=_python_env(self.device),
-                config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
-            )
+            run = proc.wait()
+            if spare and not (private / "started").exists() and not run.timed_out:
+                # the spare died before its job (not the task's doing): once more, cold
+                run = self.start_process("reference", self.opts.run_timeout_s)[0].wait()
+            self.reference_run = run
             self.timings["reference"] = time.perf_counter() - t0
             if not (shared / "ready").exists():
                 (shared / "failed").write_text("failed")  # release a candidate waiting for inputs
@@ -273,30 +346,41 @@ class Evaluation:
 
     def run_candidate(self, extensions: list[dict[str, str]]) -> tuple[sandbox.RunResult, Path]:
         run_dir = self.work / "run"
-        (run_dir / "out").mkdir(parents=True)
         for rel, text in self.solution.files.items():
             p = run_dir / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
+        # The built extensions go where the candidate's sandbox can read them (`cin/`).
+        placed = []
+        for k, ext in enumerate(extensions):
+            src = Path(ext["so_path"])
+            dst = self.work / "cin" / "ext" / str(k) / src.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(dst.parent, 0o755)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+            placed.append({**ext, "so_path": str(dst)})
         spec: dict[str, Any] = {
             "run_dir": str(run_dir), "inputs_dir": str(self.work / "shared"), "device": self.device,
             "trials": self.opts.trials, "init_seed": self.init_seed, "format": self.solution.format,
-            "extensions": extensions, "threads": self.threads}
-        readonly: list[Path | tuple[Path, str]] = [self.work / "shared"]
+            "extensions": placed, "threads": self.threads}
         if self.opts.profile:
             spec["profile"] = {"task_path": str(self.task_copy), "gate_dir": str(self.gate("candidate")),
                                "protocol": dataclasses.asdict(self.opts.protocol),
                                "gate_timeout_s": self.opts.run_timeout_s}
-            readonly += [self.task_copy, self.gate("candidate")]
-        spec_path = self.work / "candidate_spec.json"
-        spec_path.write_text(json.dumps(spec))
-        readonly += [spec_path, *(Path(e["so_path"]).parent for e in extensions)]
+        warm.publish(self.work / "cin" / "candidate_spec.json", json.dumps(spec))
+        timeout = self.opts.run_timeout_s * (2 if self.gated else 1)
         t0 = time.perf_counter()
-        run = sandbox.run(
-            [sys.executable, "-m", "cuda_agent.evaluator.candidate", str(spec_path)],
-            cwd=run_dir, writable=[run_dir], readonly=readonly, env=_python_env(self.device, self.threads),
-            config=_sandbox_config(self.opts, self.opts.run_timeout_s * (2 if self.gated else 1), self.device),
-        )
+        proc, spare = self.start_process("candidate", timeout)
+        run = proc.wait()
+        if spare and not (run_dir / "out" / "progress.json").exists() and not run.timed_out:
+            # the spare died before its job (not the candidate's doing): once more, cold
+            self.details_extra["spare_failed"] = run.describe()
+            run = self.start_process("candidate", timeout)[0].wait()
+        elif spare:
+            self.details_extra["warm_start"] = True
         self.timings["candidate"] = time.perf_counter() - t0
         return run, run_dir
 
@@ -311,7 +395,7 @@ class Evaluation:
 
     @property
     def task_copy(self) -> Path:
-        p = self.work / "task_model.py"
+        p = self.work / "cin" / "task_model.py"
         if not p.exists():
             p.write_text(self.task.code)
             os.chmod(p, 0o644)
@@ -609,6 +693,7 @@ class Evaluation:
             # The verdict needs torch here (torch.load of outputs): import it while the
             # sandboxed processes run, instead of after them.
             threading.Thread(target=_import_torch, daemon=True).start()
+            self.take_spare()
             ref_thread = self.start_reference()
             t0 = time.perf_counter()
             built = self.build()
@@ -636,6 +721,8 @@ class Evaluation:
                 res = self.profile_verdict(res, cand["dir"])
             res.details.setdefault("build_cached", built.cached)
             res.details.setdefault("rebuilt", built.rebuilt)
+            for k, v in self.details_extra.items():
+                res.details.setdefault(k, v)
             # when each phase of the candidate process began (s since its start): where time goes
             phases = (_read_json(cand["dir"] / "out" / "report.json") or {}).get("phases_s")
             if isinstance(phases, dict):
@@ -646,8 +733,18 @@ class Evaluation:
             return res
         finally:
             self.timings["total"] = time.perf_counter() - t_all
+            if self.spare is not None:
+                for proc in self.spare.procs.values():  # not needed (a build failed): gone
+                    proc.kill()
+                    with contextlib.suppress(BaseException):
+                        proc.wait()
             if not self.opts.keep_run_dir:
                 shutil.rmtree(self.work, ignore_errors=True)
+            if self.opts.warm:
+                # the next evaluation's spare starts now, after this one's measurements
+                with contextlib.suppress(Exception):
+                    warm.POOL.offer(_spare_key(self.opts, self.device, self.threads),
+                                    lambda: _start_spare(self.opts, self.device, self.threads))
 
 
 def hash_protocol(p: timing.Protocol) -> int:

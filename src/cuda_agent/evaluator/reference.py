@@ -5,6 +5,9 @@ the init inputs, the reference state_dict and each trial's inputs (`shared_dir`)
 keeps each trial's expected outputs where the candidate cannot see them
 (`private_dir`). Because the reference never runs in the candidate's process, nothing
 the reference computed can be recovered from uninitialised memory there.
+
+`... SPEC.json --wait DEVICE IDLE_S` starts ahead of its job (see `warm`): torch and the
+CUDA context first, then up to IDLE_S seconds of waiting for SPEC.json.
 """
 
 from __future__ import annotations
@@ -20,11 +23,22 @@ from typing import Any
 from cuda_agent.evaluator.tensors import describe, seed_all, to_device
 
 
+def warm_up(device: str) -> None:
+    import torch
+
+    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
+
+    if device == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+
+
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     shared = Path(spec["shared_dir"])
     private = Path(spec["private_dir"])
     status_file = private / "reference.json"
+    (private / "started").write_text("")  # the job reached this process (see `warm`)
     t0 = time.perf_counter()
     phase = "import torch"
     phases: dict[str, float] = {}  # phase -> seconds since the process's start when it began
@@ -95,5 +109,16 @@ def main(spec_path: str) -> int:
         return 1
 
 
+def _entry(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[1] == "--wait":
+        from cuda_agent.evaluator.candidate import wait_for_job
+
+        warm_up(argv[2])
+        Path(".spare-ready").write_text("")  # in the private directory, its cwd
+        if not wait_for_job(argv[0], float(argv[3])):
+            return 0
+    return main(argv[0])
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(_entry(sys.argv[1:]))

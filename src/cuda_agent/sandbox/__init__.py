@@ -103,6 +103,20 @@ class SandboxConfig:
     tmp_size_mb: int = 1024  # size cap of the private /tmp and /dev/shm (sandbox only)
 
 
+class Deadline:
+    """A deadline another thread may move while `run` waits (a process started ahead of
+    its job gets the job's timeout when the job arrives). `at` is a `time.monotonic()`
+    value; `run` looks at it at least every `POLL_S`."""
+
+    POLL_S = 0.1
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def set_in(self, seconds: float) -> None:
+        self.at = time.monotonic() + max(0.0, seconds)
+
+
 @dataclass
 class RunResult:
     returncode: int | None  # None if killed by the timeout; -N if it died of signal N
@@ -209,8 +223,12 @@ def run(
     env: Mapping[str, str] | None = None,
     config: SandboxConfig | None = None,
     stdin: bytes | None = None,
+    deadline: Deadline | None = None,
 ) -> RunResult:
     """Run `argv` in `cwd` as configured; never raises for what the program does.
+
+    `deadline`, when given, replaces `config.timeout_s`: the command is killed once the
+    monotonic clock passes `deadline.at`, which may change while it runs.
 
     Raises SandboxUnavailable if `config.enabled` and bwrap does not work here, and
     ValueError for bad arguments (empty argv, a missing cwd/writable/readonly path, a
@@ -222,7 +240,7 @@ def run(
     bwrap, features = _working_bwrap(config)
     with _Launch.prepare(argv, cwd=cwd, writable=writable, readonly=readonly, env=env,
                          config=config, bwrap=bwrap, features=features) as launch:
-        return launch.execute(stdin)
+        return launch.execute(stdin, deadline)
 
 
 def _working_bwrap(config: SandboxConfig) -> tuple[str | None, _Features | None]:
@@ -955,9 +973,11 @@ class _Launch:
 
     # ----------------------------------------------------------------- running
 
-    def execute(self, stdin: bytes | None) -> RunResult:
+    def execute(self, stdin: bytes | None, deadline: Deadline | None = None) -> RunResult:
         t0 = time.monotonic()
-        deadline = t0 + max(0.0, self.config.timeout_s)
+        moving = deadline is not None
+        if deadline is None:
+            deadline = Deadline(t0 + max(0.0, self.config.timeout_s))
         out, err = _Capture(self.config.max_output_bytes), _Capture(self.config.max_output_bytes)
         try:
             proc = subprocess.Popen(
@@ -976,7 +996,7 @@ class _Launch:
             self.info_w = None
         timed_out = False
         try:
-            timed_out = self._pump(proc, stdin, out, err, deadline)
+            timed_out = self._pump(proc, stdin, out, err, deadline, moving)
         finally:
             self._kill_tree(proc)
             try:
@@ -993,7 +1013,7 @@ class _Launch:
                          sandboxed=self.sandboxed)
 
     def _pump(self, proc: subprocess.Popen[bytes], stdin: bytes | None, out: _Capture,
-              err: _Capture, deadline: float) -> bool:
+              err: _Capture, deadline_at: Deadline, moving: bool = False) -> bool:
         """Feed stdin, capture output, watch the clock. True if the timeout hit."""
         sel = selectors.DefaultSelector()
         pidfd: int | None = None
@@ -1013,8 +1033,11 @@ class _Launch:
                 pidfd = None
             timed_out = False
             ended_at: float | None = None
+            deadline = deadline_at.at
             while True:
                 now = time.monotonic()
+                if moving and not timed_out:
+                    deadline = deadline_at.at
                 if ended_at is None and self._exited(proc):
                     ended_at = now
                     self._kill_tree(proc)  # nothing may outlive the command
@@ -1031,6 +1054,8 @@ class _Launch:
                 wait = deadline - now if ended_at is None else ended_at + _DRAIN_GRACE_S - now
                 if pidfd is None and ended_at is None:
                     wait = min(wait, 0.05)
+                if moving and ended_at is None:
+                    wait = min(wait, Deadline.POLL_S)
                 for key, _ev in sel.select(timeout=max(0.0, min(wait, 3600.0))):
                     if key.data == "exit":
                         sel.unregister(key.fd)

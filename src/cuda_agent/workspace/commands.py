@@ -61,14 +61,17 @@ def _forward(name: str, argv: list[str] | None) -> int | None:
     return int(reply.get("rc", 1))
 
 
-def run_command(name: str, ws: Path, argv: list[str], emit: Emit, *, sandbox: bool = True) -> tuple[int, Any]:
+def run_command(name: str, ws: Path, argv: list[str], emit: Emit, *, sandbox: bool = True,
+                warm: bool = False) -> tuple[int, Any]:
     """Run one workspace command on `ws`; its text goes to `emit`. Returns the exit code
-    and what the evaluator returned (a BuildResult or EvalResult, None on a usage error)."""
+    and what the evaluator returned (a BuildResult or EvalResult, None on a usage error).
+    `warm`: evaluations use and leave spare processes (a long-lived caller, the service)."""
     if name not in COMMANDS:
         emit(f"unknown command {name!r}; the workspace commands are {', '.join(COMMANDS)}\n")
         return 2, None
-    return {"compile": _compile, "verification": _verification, "profiling": _profiling}[name](
-        ws, argv, emit, sandbox)
+    if name == "compile":
+        return _compile(ws, argv, emit, sandbox)
+    return {"verification": _verification, "profiling": _profiling}[name](ws, argv, emit, sandbox, warm)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,7 +118,8 @@ def _compile(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int,
     return 0, res
 
 
-def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, profile: bool) -> tuple[int, Any]:
+def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, profile: bool,
+              warm: bool = False) -> tuple[int, Any]:
     from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
     from cuda_agent.evaluator.solution import SolutionError, load_solution
     from cuda_agent.sandbox import SandboxUnavailable
@@ -129,7 +133,7 @@ def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, p
         rec = load_record(ws)
         sol = load_solution(ws)
         res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=sandbox,
-                                                  build_key=str(ws), profile=profile))
+                                                  build_key=str(ws), profile=profile, warm=warm))
     except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
         emit(f"[FAIL] {exc}\n")
         return 1, None
@@ -140,8 +144,8 @@ def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, p
     return 0, res
 
 
-def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int, Any]:
-    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.verification", profile=False)
+def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False) -> tuple[int, Any]:
+    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.verification", profile=False, warm=warm)
     if rc == 0:
         for k in range(res.trials):
             emit(f"[PASS] check {k + 1}/{res.trials}\n")
@@ -149,9 +153,9 @@ def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple
     return rc, res
 
 
-def _profiling(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int, Any]:
+def _profiling(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False) -> tuple[int, Any]:
     """Verify, then time the solution against eager PyTorch and torch.compile."""
-    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.profiling", profile=True)
+    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.profiling", profile=True, warm=warm)
     if rc != 0:
         return rc, res
     unit = "device time" if res.device == "cuda" else "time"

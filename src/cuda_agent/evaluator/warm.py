@@ -1,0 +1,175 @@
+"""Sandboxed processes started before their job: the seconds every evaluation spends
+before it does anything of its own, paid between evaluations instead.
+
+A reference or candidate process first imports torch and creates the CUDA context; the
+candidate also starts the profiler once, whose first start (CUPTI) took about 4 s on the
+H200, more than its trials and its timing together on a small task. None of that depends
+on the task or the solution. A long-lived evaluator (the agent's evaluation service, a
+bench worker) therefore keeps one *spare*, a reference process and a candidate process in
+one run directory, started in the sandbox with the directories an evaluation binds, and
+waiting for their spec files. An evaluation takes the spare, writes its files into those
+directories and the specs last; the spare's processes then run as the usual ones would.
+A spare serves one evaluation and is never reused: no candidate ever shares a process
+with another candidate, and the candidate's process held no candidate code before its
+job (the evaluator's clocks and the task's `Model` class come first, as always).
+
+After an evaluation, a new spare is started for the next one with the same settings, so
+its start-up overlaps the agent's thinking (or the next build) rather than the next
+measurement. A spare nobody takes exits on its own after `IDLE_S`; `POOL.close()` (also
+at exit) kills those still waiting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cuda_agent import sandbox
+
+IDLE_S = 900.0  # a spare waits this long for a job, then exits
+
+
+class Proc:
+    """One sandboxed command run in a background thread; its deadline can move."""
+
+    def __init__(self, argv: list[str], *, cwd: Path, writable: Sequence[Path] = (),
+                 readonly: Sequence[Path | tuple[Path, str]] = (), env: Mapping[str, str] | None = None,
+                 config: sandbox.SandboxConfig, timeout_s: float) -> None:
+        self.deadline = sandbox.Deadline(time.monotonic() + timeout_s)
+        self.result: sandbox.RunResult | None = None
+        self.error: BaseException | None = None
+        self.started = time.perf_counter()
+        self._thread = threading.Thread(
+            target=self._go, args=(argv, cwd, list(writable), list(readonly), env, config), daemon=True,
+            name="cuda-agent-sandboxed")
+        self._thread.start()
+
+    def _go(self, argv: list[str], cwd: Path, writable: list[Path], readonly: list[Path | tuple[Path, str]],
+            env: Mapping[str, str] | None, config: sandbox.SandboxConfig) -> None:
+        try:
+            self.result = sandbox.run(argv, cwd=cwd, writable=writable, readonly=readonly, env=env,
+                                      config=config, deadline=self.deadline)
+        except BaseException as exc:  # handed to whoever waits
+            self.error = exc
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait(self) -> sandbox.RunResult:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+    def kill(self) -> None:
+        self.deadline.at = 0.0
+
+
+def publish(path: Path, text: str) -> None:
+    """Write a file whole under its final name (a waiting process polls for the name)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+@dataclass
+class Spare:
+    work: Path  # the run directory its processes were started on
+    procs: dict[str, Proc] = field(default_factory=dict)  # "reference", "candidate"
+    started: float = field(default_factory=time.monotonic)
+
+    def usable(self) -> bool:
+        """All its processes still up (not exited, not killed) and inside their idle time."""
+        return bool(self.procs) and all(p.alive() for p in self.procs.values()) \
+            and time.monotonic() - self.started < IDLE_S - 30
+
+    def ready(self) -> bool:
+        """Whether its processes have warmed up and wait (each marks its working directory)."""
+        return self.usable() and all((self.work / d / ".spare-ready").exists() for d in ("run", "private"))
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.kill()
+        for p in self.procs.values():
+            with contextlib.suppress(BaseException):
+                p.wait()
+        if self.procs:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+class Pool:
+    """At most one spare per key (device, GPU, threads, sandbox settings)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spares: dict[Hashable, Spare] = {}
+        self._closed = False
+        self.taken = 0  # evaluations that found a spare (for tests and benchmarks)
+
+    def take(self, key: Hashable) -> Spare | None:
+        with self._lock:
+            spare = self._spares.get(key)
+            if spare is None or not spare.procs:  # none, or one still being started
+                return None
+            del self._spares[key]
+        if not spare.usable():
+            threading.Thread(target=spare.close, daemon=True).start()
+            return None
+        with self._lock:
+            self.taken += 1
+        return spare
+
+    def offer(self, key: Hashable, start: Callable[[], Spare]) -> None:
+        """Start a spare for `key` unless one is there already."""
+        with self._lock:
+            if self._closed or key in self._spares:
+                return
+            self._spares[key] = placeholder = Spare(work=Path())
+        try:
+            spare = start()
+        except BaseException:
+            with self._lock:
+                self._spares.pop(key, None)
+            raise
+        with self._lock:
+            if self._closed or self._spares.get(key) is not placeholder:
+                threading.Thread(target=spare.close, daemon=True).start()
+                return
+            self._spares[key] = spare
+
+    def close(self) -> None:
+        """Kill every spare still waiting (the pool takes no new ones after this)."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = list(self._spares.values()), {}
+        for s in spares:
+            if s.procs:
+                s.close()
+
+    def wait_ready(self, key: Hashable, timeout_s: float) -> bool:
+        """Wait until the spare for `key` is ready (benchmarks: as after an agent's thinking)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                spare = self._spares.get(key)
+            if spare is not None and spare.ready():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def any_key(self) -> Hashable | None:
+        with self._lock:
+            return next(iter(self._spares), None)
+
+
+POOL = Pool()
+atexit.register(POOL.close)

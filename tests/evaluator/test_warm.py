@@ -1,0 +1,106 @@
+"""Spares: reference and candidate processes started ahead of their evaluation (CPU)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.evaluator import evaluate as E
+from cuda_agent.evaluator import warm
+
+from . import cases as C
+from .test_evaluate_cpu import run
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    p = warm.Pool()
+    monkeypatch.setattr(warm, "POOL", p)
+    yield p
+    p.close()
+
+
+def wait_ready(pool: warm.Pool, timeout: float = 60.0) -> warm.Spare:
+    """The spare left by the last evaluation, once both its processes wait for a job."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spare = next(iter(pool._spares.values()), None)
+        if spare is not None and spare.ready():
+            return spare
+        time.sleep(0.05)
+    raise AssertionError("no spare was started")
+
+
+def test_the_next_evaluation_runs_in_the_spare_with_the_same_verdicts(tmp_path: Path, pool: warm.Pool) -> None:
+    first = run(tmp_path / "a", C.AXPBY_TASK, C.axpby(), warm=True)
+    assert first.status == "ok" and "warm_start" not in first.details, first.message
+    spare = wait_ready(pool)
+    assert all(p.alive() for p in spare.procs.values())
+    second = run(tmp_path / "b", C.AXPBY_TASK, C.axpby(), warm=True)
+    assert second.status == "ok" and second.details.get("warm_start") is True, (second.message, second.details)
+    assert pool.taken == 1 and "warmed up ahead (s)" in second.details["candidate_phases_s"]
+    assert not spare.work.exists()  # used once, then gone
+    # wrong answers, crashes and hangs in a spare end as they do in a fresh process
+    wait_ready(pool)
+    wrong = run(tmp_path / "c", C.AXPBY_TASK, C.axpby(C.forward("return cuda_extension.axpby(b, a, self.alpha)")),
+                warm=True)
+    assert wrong.status == "incorrect" and wrong.details.get("warm_start") is True, wrong.message
+    wait_ready(pool)
+    crash = run(tmp_path / "d", C.AXPBY_TASK, C.axpby(C.forward("import os\nos._exit(3)")), warm=True,
+                static_checks=False)
+    assert crash.status == "runtime_error" and "code 3" in crash.message, crash.message
+    wait_ready(pool)
+    t0 = time.monotonic()
+    hang = run(tmp_path / "e", C.AXPBY_TASK, C.axpby(C.forward("while True:\n    pass")), warm=True,
+               static_checks=False, run_timeout_s=8.0)
+    assert hang.status == "timeout" and time.monotonic() - t0 < 40, hang.message  # the job's timeout, not the spare's
+
+
+def test_a_spare_that_dies_before_its_job_is_replaced_by_a_fresh_process(tmp_path: Path, pool: warm.Pool) -> None:
+    opts = E.EvalOptions(device="cpu", profile=False)
+    threads = E._usable_cores()
+    spare = E._start_spare(opts, "cpu", threads)
+    for kind in ("reference", "candidate"):  # replaced by processes that die without reading a job
+        spare.procs[kind].kill()
+        spare.procs[kind].wait()
+        argv, kw = E._command(kind, spare.work, opts, "cpu", threads)
+        spare.procs[kind] = warm.Proc([sys.executable, "-c", "import time; time.sleep(1.5)"], **kw, timeout_s=60)
+    pool._spares[E._spare_key(opts, "cpu", threads)] = spare
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(), warm=True)
+    assert res.status == "ok", res.message
+    assert "spare_failed" in res.details and "warm_start" not in res.details and pool.taken == 1
+
+
+def test_idle_spares_exit_and_close_kills_the_rest(monkeypatch: pytest.MonkeyPatch, pool: warm.Pool) -> None:
+    monkeypatch.setattr(warm, "IDLE_S", 2.0)
+    opts = E.EvalOptions(device="cpu")
+    key = E._spare_key(opts, "cpu", 1)
+    pool.offer(key, lambda: E._start_spare(opts, "cpu", 1))
+    spare = pool._spares[key]
+    deadline = time.monotonic() + 60
+    while any(p.alive() for p in spare.procs.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.alive() for p in spare.procs.values())  # nobody came: both exited by themselves
+    assert all(p.wait().returncode == 0 for p in spare.procs.values())
+    assert pool.take(key) is None  # and it is not handed out
+    monkeypatch.setattr(warm, "IDLE_S", 900.0)
+    pool.offer(key, lambda: E._start_spare(opts, "cpu", 1))
+    live = pool._spares[key]
+    pool.close()
+    assert not any(p.alive() for p in live.procs.values()) and not live.work.exists()
+    pool.offer(key, lambda: E._start_spare(opts, "cpu", 1))  # a closed pool starts nothing
+    assert key not in pool._spares
+
+
+def test_a_profiled_evaluation_in_a_spare(tmp_path: Path, pool: warm.Pool) -> None:
+    from .test_profile_cpu import FAST
+
+    first = run(tmp_path / "a", C.AXPBY_TASK, C.axpby(), warm=True, profile=True, protocol=FAST)
+    assert first.status == "ok", first.message
+    wait_ready(pool)
+    res = run(tmp_path / "b", C.AXPBY_TASK, C.axpby(), warm=True, profile=True, protocol=FAST)
+    assert res.status == "ok" and res.details.get("warm_start") is True, res.message
+    assert res.times_us["candidate"]["median_us"] > 0 and res.reward in (1.0, 2.0, 3.0)
