@@ -30,7 +30,7 @@ for stage in $STAGES; do
     repeat)  # REPEAT_JSON keeps the runs; the stage run again continues them (up to REPEAT_RUNS)
       RJ=${REPEAT_JSON:-$LOG_DIR/repeat.json}; mkdir -p "$(dirname "$RJ")"
       timeout "${REPEAT_S:-560}" python3 benchmarks/profile_repeatability.py --device cuda --runs "${REPEAT_RUNS:-10}" \
-        --json-out "$RJ" --resume 2>&1 | tee -a "$LOG_DIR/repeat_bench.log"
+        --json-out "$RJ" --resume ${REPEAT_ARGS:-} 2>&1 | tee -a "$LOG_DIR/repeat_bench.log"
       cp "$RJ" "$LOG_DIR/repeat.json" 2>/dev/null || true ;;
     throughput) python3 benchmarks/bench_throughput.py --device cuda --copies 6 2>&1 | tee "$LOG_DIR/throughput_bench.log" ;;
     datagen)

@@ -104,3 +104,39 @@ def test_a_profiled_evaluation_in_a_spare(tmp_path: Path, pool: warm.Pool) -> No
     res = run(tmp_path / "b", C.AXPBY_TASK, C.axpby(), warm=True, profile=True, protocol=FAST)
     assert res.status == "ok" and res.details.get("warm_start") is True, res.message
     assert res.times_us["candidate"]["median_us"] > 0 and res.reward in (1.0, 2.0, 3.0)
+
+
+def wait_for(pool: warm.Pool, key: object, timeout: float = 90.0) -> warm.Spare:
+    assert pool.wait_ready(key, timeout), f"no spare for {key} became ready"
+    return pool._spares[key]
+
+
+def test_baselines_measured_in_a_spare_baseline_process(tmp_path: Path, pool: warm.Pool) -> None:
+    """A task whose baselines are measured takes the spare baseline process; one that dies
+    before its job is replaced by a fresh process; each evaluation leaves a new spare."""
+    from .test_profile_cpu import FAST
+
+    kw = dict(warm=True, warm_baseline=True, profile=True, protocol=FAST, baseline_cache=False)
+    first = run(tmp_path / "a", C.AXPBY_TASK, C.axpby(), **kw)
+    assert first.status == "ok" and "baseline_warm_start" not in first.details, first.message
+    opts = E.EvalOptions(device="cpu")
+    key = E._baseline_spare_key(opts, "cpu", E._usable_cores())
+    spare = wait_for(pool, key)
+    assert (spare.work / "out" / ".spare-ready").exists() and list(spare.procs) == ["baseline"]
+    second = run(tmp_path / "b", C.AXPBY_TASK, C.axpby(), **kw)
+    assert second.status == "ok" and second.details.get("baseline_warm_start") is True, (second.message,
+                                                                                           second.details)
+    assert second.details["baseline"] == "measured" and second.times_us["eager"]["median_us"] > 0
+    assert second.reward in (1.0, 2.0, 3.0) and not spare.work.exists()
+    # a spare whose process is gone before its job: the baselines come from a fresh one
+    spare = wait_for(pool, key)
+    proc = spare.procs["baseline"]
+    proc.kill()
+    proc.wait()
+    spare.procs["baseline"] = warm.Proc(  # a process that ends without reading a job
+        [sys.executable, "-c", "import time; time.sleep(10)"], cwd=spare.work / "out", writable=[spare.work / "out"],
+        config=E._sandbox_config(opts, 60, "cpu"), timeout_s=60)
+    third = run(tmp_path / "c", C.AXPBY_TASK, C.axpby(), **kw)
+    assert third.status == "ok" and "baseline_spare_failed" in third.details, third.details
+    assert "baseline_warm_start" not in third.details and third.times_us["compile"]["median_us"] > 0
+

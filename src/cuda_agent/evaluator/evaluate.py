@@ -73,6 +73,9 @@ class EvalOptions:
     # Take a spare (reference and candidate processes started ahead, see `warm`) when one
     # is ready, and leave one for the next evaluation: for long-lived evaluators.
     warm: bool = False
+    # With `warm`, also a spare baseline process for the next task whose baselines are
+    # measured; None: on CUDA (where its warm-up, CUDA and the profiler, saves seconds).
+    warm_baseline: bool | None = None
 
 BASELINE_SEEDS = [7001, 7002, 7003, 7004, 7005]  # baselines do not depend on an evaluation's seeds
 
@@ -190,6 +193,53 @@ def _start_spare(opts: EvalOptions, device: str, threads: int) -> warm.Spare:
     return spare
 
 
+def _baseline_layout(base: Path) -> None:
+    """A baseline run's directory: out/ (its cwd, the only place it writes), gate/ (where
+    the evaluator says go), task/ (its copy of the task)."""
+    for d in ("out", "gate", "task"):
+        (base / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(base / d, 0o755)
+
+
+def _baseline_proc(base: Path, opts: EvalOptions, device: str, threads: int, timeout_s: float,
+                   wait: bool = False) -> warm.Proc:
+    """The baseline process of `base`, started now. torch.compile's own caches persist
+    between evaluations (trusted code only writes there), one cache per concurrent
+    baseline process: the process holds its slot until it ends."""
+    stack = contextlib.ExitStack()
+    compile_cache = stack.enter_context(private_slot(cache_dir("compile")))
+    try:
+        env = _python_env(device, threads)
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(compile_cache / "inductor"),
+                   TRITON_CACHE_DIR=str(compile_cache / "triton"))
+        tail = ["--wait", device, str(warm.IDLE_S)] if wait else []
+        return warm.Proc(
+            [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(base / "out" / "spec.json"), *tail],
+            cwd=base / "out", writable=[base / "out", compile_cache], readonly=[base / "task", base / "gate"],
+            env=env, config=_sandbox_config(opts, opts.run_timeout_s, device), timeout_s=timeout_s,
+            on_exit=stack.close)
+    except BaseException:
+        stack.close()
+        raise
+
+
+def _baseline_spare_key(opts: EvalOptions, device: str, threads: int) -> tuple[Any, ...]:
+    return ("baseline", *_spare_key(opts, device, threads))
+
+
+def _start_baseline_spare(opts: EvalOptions, device: str, threads: int) -> warm.Spare:
+    base = Path(tempfile.mkdtemp(prefix="baseline-", dir=cache_dir("runs")))
+    os.chmod(base, 0o755)
+    _baseline_layout(base)
+    spare = warm.Spare(work=base, ready_dirs=("out",))
+    try:
+        spare.procs["baseline"] = _baseline_proc(base, opts, device, threads, warm.IDLE_S + 60, wait=True)
+    except BaseException:
+        spare.close()
+        raise
+    return spare
+
+
 class Evaluation:
     """One evaluation; `run()` returns the record. Split into steps for readability."""
 
@@ -219,6 +269,10 @@ class Evaluation:
         self.flags: list[str] = []
         self.gated = False  # the candidate's profile waits for a baseline measurement
         self.details_extra: dict[str, Any] = {}
+        self.warm_baseline = opts.warm and (opts.warm_baseline if opts.warm_baseline is not None
+                                            else self.device == "cuda")
+        self.baseline_dirs: list[Path] = []  # spares' directories this evaluation used
+        self.baseline_proc: warm.Proc | None = None
 
     def result(self, status: str, message: str, **kw: Any) -> R.EvalResult:
         return R.EvalResult(
@@ -410,34 +464,47 @@ class Evaluation:
             compile_mode=self.opts.compile_mode, threads=self.threads)
 
     def start_baseline(self, gated: bool) -> threading.Thread:
-        """The trusted baseline process; with `gated` it waits for the go before it measures."""
-        n = sum(1 for _ in self.work.glob("baseline-*"))
-        out = self.work / f"baseline-{n}"
-        out.mkdir()
-        gate = self.gate(f"baseline-{n}")
+        """The trusted baseline process (a spare's when one is ready); with `gated` it
+        waits for the go before it measures."""
+        spare = warm.POOL.take(_baseline_spare_key(self.opts, self.device, self.threads)) \
+            if self.warm_baseline else None
+        if spare is not None:
+            base = spare.work
+            self.baseline_dirs.append(base)
+        else:
+            base = self.work / f"baseline-{sum(1 for _ in self.work.glob('baseline-*'))}"
+            _baseline_layout(base)
+        out, gate = base / "out", base / "gate"
+        task_path = base / "task" / "task_model.py"
+        task_path.write_text(self.task.code)
+        os.chmod(task_path, 0o644)
         if not gated:
             (gate / "go").write_text("go")
-        spec = {"task_path": str(self.task_copy), "task_name": self.task.name, "device": self.device,
+        spec = {"task_path": str(task_path), "task_name": self.task.name, "device": self.device,
                 "init_seed": 0, "seeds": BASELINE_SEEDS, "compile_mode": self.opts.compile_mode,
                 "threads": self.threads, "protocol": dataclasses.asdict(self.opts.protocol),
                 "gate_dir": str(gate), "out_dir": str(out), "gate_timeout_s": self.opts.run_timeout_s}
-        spec_path = out / "spec.json"
-        spec_path.write_text(json.dumps(spec))
         self.baseline_out, self.baseline_gate = out, gate
+        timeout = self.opts.run_timeout_s
+        if spare is not None:
+            proc = spare.procs.pop("baseline")
+            proc.deadline.set_in(timeout)
+        warm.publish(out / "spec.json", json.dumps(spec))
+        if spare is None:
+            proc = _baseline_proc(base, self.opts, self.device, self.threads, timeout)
+        self.baseline_proc = proc
 
         def go() -> None:
             t0 = time.perf_counter()
-            # torch.compile's own caches persist between evaluations (trusted code only
-            # writes there), one cache per concurrent baseline run.
-            with private_slot(cache_dir("compile")) as compile_cache:
-                env = _python_env(self.device, self.threads)
-                env.update(TORCHINDUCTOR_CACHE_DIR=str(compile_cache / "inductor"),
-                           TRITON_CACHE_DIR=str(compile_cache / "triton"))
-                run = sandbox.run(
-                    [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(spec_path)],
-                    cwd=out, writable=[out, compile_cache], readonly=[self.task_copy, gate],
-                    env=env, config=_sandbox_config(self.opts, self.opts.run_timeout_s, self.device),
-                )
+            run = proc.wait()
+            if spare is not None and not (out / "baseline.json").exists() and not run.timed_out:
+                # the spare died before its job (not the task's doing): once more, cold
+                self.details_extra["baseline_spare_failed"] = run.describe()
+                again = _baseline_proc(base, self.opts, self.device, self.threads, timeout)
+                self.baseline_proc = again
+                run = again.wait()
+            elif spare is not None:
+                self.details_extra["baseline_warm_start"] = True
             self.timings["baseline"] = self.timings.get("baseline", 0.0) + time.perf_counter() - t0
             self.baseline_run = run
             if not (out / "compiled").exists():
@@ -738,8 +805,18 @@ class Evaluation:
                     proc.kill()
                     with contextlib.suppress(BaseException):
                         proc.wait()
+            if self.baseline_proc is not None and self.baseline_proc.alive():
+                self.baseline_proc.kill()  # a baseline no verdict waits for (the task failed)
+                with contextlib.suppress(BaseException):
+                    self.baseline_proc.wait()
             if not self.opts.keep_run_dir:
                 shutil.rmtree(self.work, ignore_errors=True)
+                for d in self.baseline_dirs:
+                    shutil.rmtree(d, ignore_errors=True)
+            if self.warm_baseline:
+                with contextlib.suppress(Exception):
+                    warm.POOL.offer(_baseline_spare_key(self.opts, self.device, self.threads),
+                                    lambda: _start_baseline_spare(self.opts, self.device, self.threads))
             if self.opts.warm:
                 # the next evaluation's spare starts now, after this one's measurements
                 with contextlib.suppress(Exception):

@@ -24,7 +24,12 @@ with its time where the baselines were measured, to tell a changed device from a
 task (eager PyTorch on a small task varies by tens of percent between processes).
 
 Iterations stop when the median's relative 95% confidence interval is under the target
-for every subject, or the budget is spent. The clock and the random source used here are
+for every subject, or the budget is spent: on the CPU the wall time's, checked every round;
+on CUDA the device time's, read from the profile every `Protocol.chunk` rounds or
+`chunk_s` seconds (the profiler is stopped, its events attributed, and started again if
+more rounds are needed).
+Device time varies far less than wall time within a process, so on a small task this stops
+after one chunk where a wall-time rule ran to `max_iters`. The clock and the random source used here are
 bound at import, so a candidate imported later cannot monkey-patch or seed them.
 """
 
@@ -52,6 +57,12 @@ class Protocol:
     min_iters: int = 10
     max_iters: int = 500
     target_rel_ci: float = 0.01
+    # CUDA: rounds are profiled in chunks of this many rounds or this many seconds, whichever
+    # ends first; after each, the device times read so far decide whether to stop (their
+    # median's relative CI under target_device_rel_ci).
+    chunk: int = 100
+    chunk_s: float = 0.5
+    target_device_rel_ci: float = 0.005
     budget_s: float = 20.0
     flush_l2: bool = True
     shift_inputs: bool = True  # new values per timed call (see the module text)
@@ -311,15 +322,41 @@ def measure(
 
     lap("warm-up")
     deadline = _perf_ns() + int(p.budget_s * 1e9)
-    tags: list[tuple[str, str]] = []
+    tags: list[tuple[str, str, int]] = []  # (subject, range name, index of the call)
     prof = None
-    if cuda:
+    events_s = 0.0
+
+    def start_profile() -> None:
+        nonlocal prof
         from torch.profiler import ProfilerActivity, profile
 
         prof = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
         prof.__enter__()
+
+    def end_profile() -> None:
+        """Stop the profiler and fill in the device times of the calls it saw."""
+        nonlocal prof, events_s
+        if prof is None:
+            return
+        done, prof = prof, None
+        done.__exit__(None, None, None)
+        t = _perf_ns()
+        _attribute_device_time(done, tags, results)
+        tags.clear()
+        events_s += (_perf_ns() - t) / 1e9
+
+    def device_settled() -> bool:
+        for n in names:
+            xs = [x for x in results[n].device_us if not math.isnan(x)]
+            if median_rel_ci(xs) >= p.target_device_rel_ci:
+                return False
+        return True
+
+    if cuda:
+        start_profile()
     try:
         k = 0
+        last_check, last_check_ns = 0, _perf_ns()
         with torch.no_grad():
             while True:
                 order = names[k % len(names):] + names[: k % len(names)]
@@ -342,7 +379,7 @@ def measure(
                         else:
                             torch.cuda.synchronize()
                         tag = f"cuda_agent_timed_{n}_{k}"
-                        tags.append((n, tag))
+                        tags.append((n, tag, len(results[n].wall_us)))
                         with torch.profiler.record_function(tag):
                             wall, dev, out = clock.time_call(call)
                     else:
@@ -358,13 +395,20 @@ def measure(
                 k += 1
                 if k >= p.max_iters or _perf_ns() > deadline:
                     break
-                if k >= p.min_iters and (not cuda or k % 10 == 0) and all(
-                    median_rel_ci(results[n].wall_us) < p.target_rel_ci for n in names
-                ):
+                if cuda:
+                    # The stop rule looks at device time, what the reward counts; reading it
+                    # needs the profile, so it is read every `chunk` rounds.
+                    if k >= p.min_iters and (k - last_check >= p.chunk
+                                             or _perf_ns() - last_check_ns >= p.chunk_s * 1e9):
+                        end_profile()
+                        if device_settled():
+                            break
+                        start_profile()
+                        last_check, last_check_ns = k, _perf_ns()
+                elif k >= p.min_iters and all(median_rel_ci(results[n].wall_us) < p.target_rel_ci for n in names):
                     break
     finally:
-        if prof is not None:
-            prof.__exit__(None, None, None)
+        end_profile()
     lap("rounds")
     spent["rounds_n"] = k
     with torch.no_grad():
@@ -377,14 +421,12 @@ def measure(
                         check_call(n)  # first move the buffers to another set's values
                     check_call(n, which)
     lap("checks")
-    if prof is not None:
-        _attribute_device_time(prof, tags, results)
-        # The stop rule above could only see wall time; on CUDA the device time is what counts.
-        lap("profile events")
+    if cuda:
+        spent["profile events"] = round(events_s, 4)  # (counted within the rounds too)
     return results
 
 
-def _attribute_device_time(prof: Any, tags: list[tuple[str, str]], results: dict[str, Measurement]) -> None:
+def _attribute_device_time(prof: Any, tags: list[tuple[str, str, int]], results: dict[str, Measurement]) -> None:
     """Sum the GPU activity (kernels, memcpy, memset, on any stream) that started inside
     each tagged range. A range ends after a device-wide synchronisation, so all the work a
     call issued has finished inside it; between ranges lie the L2 flush and a sync, so a
@@ -396,10 +438,7 @@ def _attribute_device_time(prof: Any, tags: list[tuple[str, str]], results: dict
     gpu = sorted(((start, end, name, stream) for name, start, end, kind, stream in events if kind == "CUDA"),
                  key=lambda x: x[0])
     starts = [g[0] for g in gpu]
-    per_subject_index: dict[str, int] = {}
-    for name, tag in tags:
-        i = per_subject_index.get(name, 0)
-        per_subject_index[name] = i + 1
+    for name, tag, i in tags:
         if tag not in ranges or i >= len(results[name].device_us):
             continue
         lo, hi = ranges[tag]

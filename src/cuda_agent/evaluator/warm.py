@@ -17,6 +17,12 @@ After an evaluation, a new spare is started for the next one with the same setti
 its start-up overlaps the agent's thinking (or the next build) rather than the next
 measurement. A spare nobody takes exits on its own after `IDLE_S`; `POOL.close()` (also
 at exit) kills those still waiting.
+
+The trusted baseline process has spares of its own (a separate key), used only when a
+task's baselines are measured (a new task, or a changed device): besides torch and the
+CUDA context it has imported torch.compile's machinery, compiled a trivial function (the
+compiler's worker processes and caches are up) and started the profiler once, so that on
+a new task the baseline's seconds are the task's compilation and timing, nothing else.
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ class Proc:
 
     def __init__(self, argv: list[str], *, cwd: Path, writable: Sequence[Path] = (),
                  readonly: Sequence[Path | tuple[Path, str]] = (), env: Mapping[str, str] | None = None,
-                 config: sandbox.SandboxConfig, timeout_s: float) -> None:
+                 config: sandbox.SandboxConfig, timeout_s: float,
+                 on_exit: Callable[[], object] | None = None) -> None:
         self.deadline = sandbox.Deadline(time.monotonic() + timeout_s)
         self.result: sandbox.RunResult | None = None
         self.error: BaseException | None = None
         self.started = time.perf_counter()
+        self._on_exit = on_exit  # called once the process has ended (releases what it held)
         self._thread = threading.Thread(
             target=self._go, args=(argv, cwd, list(writable), list(readonly), env, config), daemon=True,
             name="cuda-agent-sandboxed")
@@ -58,6 +66,10 @@ class Proc:
                                       config=config, deadline=self.deadline)
         except BaseException as exc:  # handed to whoever waits
             self.error = exc
+        finally:
+            if self._on_exit is not None:
+                with contextlib.suppress(BaseException):
+                    self._on_exit()
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -84,8 +96,9 @@ def publish(path: Path, text: str) -> None:
 @dataclass
 class Spare:
     work: Path  # the run directory its processes were started on
-    procs: dict[str, Proc] = field(default_factory=dict)  # "reference", "candidate"
+    procs: dict[str, Proc] = field(default_factory=dict)  # "reference", "candidate" (or "baseline")
     started: float = field(default_factory=time.monotonic)
+    ready_dirs: tuple[str, ...] = ("run", "private")  # where its processes mark themselves ready
 
     def usable(self) -> bool:
         """All its processes still up (not exited, not killed) and inside their idle time."""
@@ -94,7 +107,7 @@ class Spare:
 
     def ready(self) -> bool:
         """Whether its processes have warmed up and wait (each marks its working directory)."""
-        return self.usable() and all((self.work / d / ".spare-ready").exists() for d in ("run", "private"))
+        return self.usable() and all((self.work / d / ".spare-ready").exists() for d in self.ready_dirs)
 
     def close(self) -> None:
         for p in self.procs.values():
