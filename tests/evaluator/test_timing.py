@@ -136,3 +136,18 @@ def test_profiled_events_match_the_profilers_own_list() -> None:
         events = prof.events
 
     assert [e[:4] for e in timing.profiled_events(EventsOnly())] == theirs
+
+
+def test_loose_subjects_need_only_the_loose_interval() -> None:
+    # A noisy subject (eager beside the candidate: a drift check) must not keep the timing
+    # going once the subjects that make the reward have settled; unless it is named loose.
+    import random
+
+    rng = random.Random(0)
+    subjects = {"steady": lambda a: time.sleep(0.001), "noisy": lambda a: time.sleep(rng.uniform(0.0002, 0.01))}
+    p = timing.Protocol(warmup=1, min_iters=10, max_iters=100, target_rel_ci=0.05, loose_rel_ci=2.0, budget_s=60)
+    spent: dict[str, float] = {}
+    timing.measure(subjects, [[torch.zeros(1)]], "cpu", p, spent_s=spent, loose=["noisy"])
+    assert spent["rounds_n"] < 50, spent
+    timing.measure(subjects, [[torch.zeros(1)]], "cpu", p, spent_s=spent)
+    assert spent["rounds_n"] == 100, spent  # the noisy one's median is not within 5% by then (about 10%)

@@ -66,6 +66,10 @@ class Protocol:
     # subjects passed as `loose` (eager beside the candidate: a drift check, not the reward's
     # number) need only this, on CUDA and on the CPU
     loose_rel_ci: float = 0.03
+    # the device probe: it decides drift beyond 10% and scales beyond its own 5% spread
+    # between processes (`speed.PROBE_BAND`), so 1% is plenty; at 0.5% it kept a small
+    # task's timing going for 200-500 rounds after the candidate had settled in 100
+    probe_rel_ci: float = 0.01
     budget_s: float = 20.0
     flush_l2: bool = True
     shift_inputs: bool = True  # new values per timed call (see the module text)
@@ -275,7 +279,8 @@ def measure(
     `spent_s`, when given, is filled with where the time went: seconds of warm-up, timed
     rounds, final check calls and reading the profile, and the number of rounds. With
     `probe`, the device probe is one more subject, named `PROBE` (it takes no inputs).
-    The stop rule asks the subjects in `loose` only for `Protocol.loose_rel_ci`.
+    The stop rule asks the subjects in `loose` only for `Protocol.loose_rel_ci`, the probe
+    for `Protocol.probe_rel_ci`.
     """
     import torch
 
@@ -350,10 +355,13 @@ def measure(
         tags.clear()
         events_s += (_perf_ns() - t) / 1e9
 
+    def target(n: str, default: float) -> float:
+        return p.probe_rel_ci if n == PROBE else p.loose_rel_ci if n in loose else default
+
     def device_settled() -> bool:
         for n in names:
             xs = [x for x in results[n].device_us if not math.isnan(x)]
-            if median_rel_ci(xs) >= (p.loose_rel_ci if n in loose else p.target_device_rel_ci):
+            if median_rel_ci(xs) >= target(n, p.target_device_rel_ci):
                 return False
         return True
 
@@ -411,8 +419,7 @@ def measure(
                         start_profile()
                         last_check, last_check_ns = k, _perf_ns()
                 elif k >= p.min_iters and all(
-                        median_rel_ci(results[n].wall_us) < (p.loose_rel_ci if n in loose else p.target_rel_ci)
-                        for n in names):
+                        median_rel_ci(results[n].wall_us) < target(n, p.target_rel_ci) for n in names):
                     break
     finally:
         end_profile()
