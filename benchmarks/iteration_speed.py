@@ -126,13 +126,17 @@ def new_task_workspace(task: Path, sol: Path, tmp: Path, env: dict[str, str], py
     ws = tmp / "ws-new"
     subprocess.run([py, "-m", "cuda_agent.cli", "workspace", str(variant), str(ws), "--device", device],
                    check=True, env=env, capture_output=True)
+    return ws
+
+
+def put_solution(ws: Path, sol: Path) -> None:
+    """The agent writes its kernels (never built before: each file gets a new line)."""
     shutil.copy(sol / "model_new.py", ws / "model_new.py")
     for f in (sol / "kernels").iterdir():
-        shutil.copy(f, ws / "kernels" / f.name)
-    for f in [*(ws / "kernels").iterdir(), *ws.glob("*.cpp")]:  # a solution never built: every file compiles
         if f.suffix in (".cu", ".cpp", ".h", ".cuh"):
-            f.write_text(f.read_text() + f"\n// new solution {time.time_ns()}\n")
-    return ws
+            (ws / "kernels" / f.name).write_text(f.read_text() + f"\n// new solution {time.time_ns()}\n")
+        else:
+            shutil.copy(f, ws / "kernels" / f.name)
 
 
 def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: str, task: Path, sol: Path,
@@ -150,7 +154,17 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
     service.start()
     s_env = dict(env, **{SOCKET_ENV: str(service.path), "CUDA_AGENT_WORKSPACE": str(ws)})
     rows: list[tuple[str, list[float]]] = []
+
+    def prefetch_row(svc: EvalService, label: str) -> None:
+        # what the service does at its start, while the agent reads the task (its first turns)
+        svc.wait_prefetched(900)
+        pre = svc.prefetched or {}
+        print(f"  {pre.get('seconds', 0.0):8.2f} s  {label}: prefetch at the service's start {pre}", flush=True)
+        rows.append((f"{label}: prefetch at start (baselines, first build; overlaps the agent's reading)",
+                     [float(pre.get("seconds", 0.0))]))
+
     try:
+        prefetch_row(service, "service")
         timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")
         timed([py, "-m", "utils.profiling"], ws, s_env, "service: first profiling (no spare yet)")
         for label, pause in (("back to back", False), ("spare ready (as after the agent's thinking)", True)):
@@ -171,21 +185,24 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
             rows += [(f"service, {label}: compile.sh", comp), (f"service, {label}: profiling", prof),
                      (f"service, {label}: iteration = compile + profiling",
                       [a + b for a, b in zip(comp, prof, strict=True)])]
-        # A new task in the same long-lived evaluator (the next episode): its solution is
-        # built anew, its baselines measured (torch.compile included), with the spare ready.
+        # A new task in the same long-lived evaluator (the next episode): the new service
+        # prefetches its baselines (torch.compile included) and builds the starter sources;
+        # then the agent's kernels are written, built anew and profiled, with the spares ready.
         ws2 = new_task_workspace(task, sol, tmp, env, py, device)
         service.close()
         service = EvalService(ws2, control, listener=lambda name, argv, rc, text, res: results.append(res))
         service.start()
         n_env = dict(env, **{SOCKET_ENV: str(service.path), "CUDA_AGENT_WORKSPACE": str(ws2)})
+        prefetch_row(service, "service, new task")
         print(f"  (spares ready: {warm.POOL.wait_all_ready(120)})", flush=True)
+        put_solution(ws2, sol)
         c2 = timed(["bash", "utils/compile.sh"], ws2, n_env, "service: new task, compile.sh (its first build)")[0]
         p2 = timed([py, "-m", "utils.profiling"], ws2, n_env, "service: new task, first profiling")[0]
         rec = results[-1]
         if rec is not None and hasattr(rec, "timings_s"):
             print("    timings_s:", rec.timings_s, "warm_start:", rec.details.get("warm_start"), flush=True)
-        rows += [("service, new task: compile.sh (first build)", [c2]),
-                 ("service, new task: first profiling (baselines measured)", [p2]),
+        rows += [("service, new task: compile.sh (its kernels, after the prefetch)", [c2]),
+                 ("service, new task: first profiling (baselines prefetched)", [p2]),
                  ("service, new task: first evaluation = compile + profiling", [c2 + p2])]
     finally:
         service.close()

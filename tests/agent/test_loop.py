@@ -62,6 +62,9 @@ def test_episode_writes_compiles_verifies_profiles_and_finishes(tmp_path: Path) 
     assert "Compile success" in outs[4] and "[PASS] verify success" in outs[5] and "Speedup vs torch.compile" in outs[6]
     evals = [(e["command"], e["source"]) for e in events if e["type"] == "evaluation"]
     assert evals == [("compile", "agent"), ("verification", "agent"), ("profiling", "agent")]
+    # the service's start-up work, recorded apart from the agent's evaluations
+    pre = [e for e in events if e["type"] == "prefetch"]
+    assert len(pre) == 1 and pre[0]["baselines"] in ("measured", "cached") and pre[0]["build"] == "built", pre
     best = tmp_path / "run" / "best"
     assert (best / "kernels" / "axpby.cpp").read_text() == KERNEL and (best / "model_new.py").is_file()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

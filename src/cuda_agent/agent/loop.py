@@ -193,6 +193,9 @@ class Episode:
         tmp.rename(dest)
 
     def _on_command(self, name: str, argv: list[str], rc: int, text: str, result: Any) -> None:
+        if name == "prefetch":  # the service's start-up work (baselines, first build), not the agent's
+            self.writer.event("prefetch", self.turn, **(result if isinstance(result, dict) else {}))
+            return
         rec = result.to_dict() if hasattr(result, "to_dict") and hasattr(result, "correct") else None
         self.writer.event("evaluation", self.turn, command=name, argv=argv, rc=rc, source="agent",
                           result=rec, output=text[-4000:])

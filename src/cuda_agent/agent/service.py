@@ -7,6 +7,13 @@ evaluator on the episode's workspace, one request at a time, and reports every r
 to the loop (for the trajectory, the best state and `--score-every-build`). Nothing the
 shell sends chooses the workspace or the evaluator's options; a request is a command
 name and its flags.
+
+On `start()` the service first does, in the background, what the episode's first
+evaluations would otherwise wait for (`commands.prefetch`): the task's baselines
+(torch.compile included) are measured and cached, and the workspace's sources built
+(with the precompiled header). That overlaps the agent's first turns, which read the
+task; a command sent meanwhile waits for it. Its outcome goes to the listener as the
+command "prefetch".
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +38,8 @@ _MAX_REQUEST = 64 * 1024
 
 class EvalService:
     def __init__(self, workspace: Path, control_dir: Path, *, sandbox: bool = True,
-                 listener: Listener | None = None, device_lock: Any = None, warm: bool = True) -> None:
+                 listener: Listener | None = None, device_lock: Any = None, warm: bool = True,
+                 prefetch: bool = True) -> None:
         self.workspace = workspace
         self.sandbox = sandbox
         # evaluations take spare processes started ahead and leave one (see evaluator.warm)
@@ -43,8 +52,16 @@ class EvalService:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.prefetch = prefetch
+        self.prefetched: dict[str, Any] | None = None  # what the prefetch did, once done
+        self._prefetch_done = threading.Event()
 
     def start(self) -> None:
+        if self.prefetch:
+            self._lock.acquire()  # held until the prefetch is done: commands wait for it
+            threading.Thread(target=self._prefetch, daemon=True, name="cuda-agent-prefetch").start()
+        else:
+            self._prefetch_done.set()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -56,7 +73,31 @@ class EvalService:
         self._thread = threading.Thread(target=self._serve, daemon=True, name="cuda-agent-eval-service")
         self._thread.start()
 
+    def _prefetch(self) -> None:
+        from cuda_agent.workspace.commands import prefetch
+
+        t0 = time.perf_counter()
+        try:
+            self.prefetched = prefetch(self.workspace, sandbox=self.sandbox, warm=self.warm,
+                                       device_lock=self.device_lock)
+        except Exception as exc:  # never fatal: the commands report what is wrong
+            self.prefetched = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        finally:
+            self.prefetched = {**(self.prefetched or {}), "seconds": round(time.perf_counter() - t0, 3)}
+            self._lock.release()
+            self._prefetch_done.set()
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                self.listener("prefetch", [], 0 if "error" not in self.prefetched else 1,
+                              json.dumps(self.prefetched), self.prefetched)
+
+    def wait_prefetched(self, timeout_s: float | None = None) -> bool:
+        """Wait for the start-up prefetch (benchmarks: as after the agent's first turns)."""
+        return self._prefetch_done.wait(timeout_s)
+
     def close(self) -> None:
+        # a prefetch still measuring would disturb whatever the device runs next
+        self._prefetch_done.wait(timeout=900)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

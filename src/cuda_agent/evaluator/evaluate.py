@@ -36,7 +36,7 @@ from cuda_agent.evaluator import build as B
 from cuda_agent.evaluator import record as R
 from cuda_agent.evaluator import speed, timing, warm
 from cuda_agent.evaluator.reward import Speeds, reward
-from cuda_agent.evaluator.solution import SINGLE_FILE, Solution
+from cuda_agent.evaluator.solution import SINGLE_FILE, WORKSPACE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
 from cuda_agent.paths import cache_dir, private_slot, short_hash
 from cuda_agent.tasks import Task, TaskError
@@ -800,28 +800,33 @@ class Evaluation:
             return res
         finally:
             self.timings["total"] = time.perf_counter() - t_all
-            if self.spare is not None:
-                for proc in self.spare.procs.values():  # not needed (a build failed): gone
-                    proc.kill()
-                    with contextlib.suppress(BaseException):
-                        proc.wait()
-            if self.baseline_proc is not None and self.baseline_proc.alive():
-                self.baseline_proc.kill()  # a baseline no verdict waits for (the task failed)
+            self.clean_up()
+
+    def clean_up(self) -> None:
+        """Processes no verdict waits for are ended, run directories removed, and the next
+        evaluation's spares started (after this one's measurements)."""
+        if self.spare is not None:
+            for proc in self.spare.procs.values():  # not needed (a build failed): gone
+                proc.kill()
                 with contextlib.suppress(BaseException):
-                    self.baseline_proc.wait()
-            if not self.opts.keep_run_dir:
-                shutil.rmtree(self.work, ignore_errors=True)
-                for d in self.baseline_dirs:
-                    shutil.rmtree(d, ignore_errors=True)
-            if self.warm_baseline:
-                with contextlib.suppress(Exception):
-                    warm.POOL.offer(_baseline_spare_key(self.opts, self.device, self.threads),
-                                    lambda: _start_baseline_spare(self.opts, self.device, self.threads))
-            if self.opts.warm:
-                # the next evaluation's spare starts now, after this one's measurements
-                with contextlib.suppress(Exception):
-                    warm.POOL.offer(_spare_key(self.opts, self.device, self.threads),
-                                    lambda: _start_spare(self.opts, self.device, self.threads))
+                    proc.wait()
+        if self.baseline_proc is not None and self.baseline_proc.alive():
+            self.baseline_proc.kill()  # a baseline no verdict waits for (the task failed)
+            with contextlib.suppress(BaseException):
+                self.baseline_proc.wait()
+        if not self.opts.keep_run_dir:
+            shutil.rmtree(self.work, ignore_errors=True)
+            for d in self.baseline_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        if self.warm_baseline:
+            with contextlib.suppress(Exception):
+                warm.POOL.offer(_baseline_spare_key(self.opts, self.device, self.threads),
+                                lambda: _start_baseline_spare(self.opts, self.device, self.threads))
+        if self.opts.warm:
+            # the next evaluation's spare starts now, after this one's measurements
+            with contextlib.suppress(Exception):
+                warm.POOL.offer(_spare_key(self.opts, self.device, self.threads),
+                                lambda: _start_spare(self.opts, self.device, self.threads))
 
 
 def hash_protocol(p: timing.Protocol) -> int:
@@ -863,6 +868,33 @@ def evaluate(task: Task, solution: Solution, options: EvalOptions | None = None)
     res = ev.run()
     res.timings_s = {k: round(v, 3) for k, v in ev.timings.items()}
     return res
+
+
+def prefetch_baselines(task: Task, options: EvalOptions | None = None) -> str:
+    """Measure and cache the task's baselines now, as its first profiled evaluation with
+    these options would (same cache key), so that evaluation finds them: a long-lived
+    evaluator does this when it meets a new task (the agent's service at the start of an
+    episode, while the agent reads the task). Returns "cached" (there already), "measured",
+    "off" (no profiling or no cache in these options) or "failed: why" (the evaluation
+    that follows measures them again and reports what it finds)."""
+    opts = options or EvalOptions()
+    if not opts.profile or not opts.baseline_cache:
+        return "off"
+    if opts.sandbox:
+        ok, why = sandbox.sandbox_available()
+        if not ok:
+            return f"failed: {why}"
+    ev = Evaluation(task, Solution(files={"model_new.py": ""}, format=WORKSPACE, origin="(baselines)"), opts)
+    try:
+        if BL.load(ev.baseline_key()) is not None:
+            return "cached"
+        ev.finish_baseline(ev.start_baseline(gated=False))
+        if ev.baseline_error:
+            return f"failed: {ev.baseline_error}"
+        return "measured" if not (ev.baseline and ev.baseline.extra.get("compile_error")) else \
+            "failed: torch.compile failed on this task (eager stands in; nothing cached)"
+    finally:
+        ev.clean_up()
 
 
 def prebuild(task: Task, solution: Solution, options: EvalOptions | None = None) -> bool:

@@ -11,6 +11,7 @@ outside, on the episode's workspace, and sends back the text and exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -118,9 +119,58 @@ def _compile(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int,
     return 0, res
 
 
+def _options(rec: Any, ws: Path, sandbox: bool, profile: bool, warm: bool, seed: int | None = None) -> Any:
+    from cuda_agent.evaluator.evaluate import EvalOptions
+
+    return EvalOptions(device=rec.device, seed=seed, sandbox=sandbox, build_key=str(ws), profile=profile, warm=warm)
+
+
+def prefetch(ws: Path, *, sandbox: bool = True, warm: bool = False, device_lock: Any = None) -> dict[str, Any]:
+    """What the workspace's first profiling and first build will need, done ahead: the
+    task's baselines measured and cached (with the options `utils.profiling` uses), then
+    the workspace's current sources built into the build cache (the precompiled header
+    with them), not copied into the workspace. Returns what happened to each ("baselines":
+    "cached" / "measured" / "off" / "failed: ...", "build": "built" / "failed" /
+    "skipped: ...") and the seconds each took; never raises for a broken workspace. The
+    baselines are measured holding `device_lock` (episodes sharing a device take turns)."""
+    from cuda_agent.evaluator import build as B
+    from cuda_agent.evaluator.evaluate import prefetch_baselines
+    from cuda_agent.evaluator.solution import SolutionError, load_solution
+    from cuda_agent.sandbox import SandboxConfig, SandboxUnavailable
+    from cuda_agent.tasks import TaskError
+    from cuda_agent.workspace import WorkspaceError, load_record
+
+    out: dict[str, Any] = {}
+    try:
+        rec = load_record(ws)
+    except (WorkspaceError, TaskError) as exc:
+        return {"baselines": f"failed: {exc}", "build": f"skipped: {exc}"}
+    t0 = time.perf_counter()
+    try:
+        with device_lock if device_lock is not None else contextlib.nullcontext():
+            out["baselines"] = prefetch_baselines(rec.task, _options(rec, ws, sandbox, profile=True, warm=warm))
+    except Exception as exc:  # a broken task: the first evaluation reports it
+        out["baselines"] = f"failed: {type(exc).__name__}: {exc}"[:500]
+    out["baselines_s"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    try:
+        sol = load_solution(ws)
+        if sol.format != "workspace":
+            out["build"] = "skipped: model_new.py builds its extension with load_inline"
+        else:
+            spec = B.workspace_extension(sol, rec.device)
+            res = B.build_extension(spec, B.BuildOptions(device=rec.device, sandbox=SandboxConfig(enabled=sandbox)),
+                                    str(ws))
+            out["build"] = "built" if res.ok else "failed"
+    except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable, RuntimeError) as exc:
+        out["build"] = f"skipped: {exc}"[:500]
+    out["build_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
 def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, profile: bool,
               warm: bool = False) -> tuple[int, Any]:
-    from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
+    from cuda_agent.evaluator.evaluate import evaluate
     from cuda_agent.evaluator.solution import SolutionError, load_solution
     from cuda_agent.sandbox import SandboxUnavailable
     from cuda_agent.tasks import TaskError
@@ -132,8 +182,7 @@ def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, p
     try:
         rec = load_record(ws)
         sol = load_solution(ws)
-        res = evaluate(rec.task, sol, EvalOptions(device=rec.device, seed=args.seed, sandbox=sandbox,
-                                                  build_key=str(ws), profile=profile, warm=warm))
+        res = evaluate(rec.task, sol, _options(rec, ws, sandbox, profile, warm, args.seed))
     except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
         emit(f"[FAIL] {exc}\n")
         return 1, None
