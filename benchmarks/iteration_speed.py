@@ -160,7 +160,7 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
         svc.wait_prefetched(900)
         pre = svc.prefetched or {}
         print(f"  {pre.get('seconds', 0.0):8.2f} s  {label}: prefetch at the service's start {pre}", flush=True)
-        rows.append((f"{label}: prefetch at start (baselines, first build; overlaps the agent's reading)",
+        rows.append((f"{label}: prefetch at start (baselines, precompiled headers; overlaps the agent's reading)",
                      [float(pre.get("seconds", 0.0))]))
 
     try:
@@ -186,8 +186,8 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
                      (f"service, {label}: iteration = compile + profiling",
                       [a + b for a, b in zip(comp, prof, strict=True)])]
         # A new task in the same long-lived evaluator (the next episode): the new service
-        # prefetches its baselines (torch.compile included) and builds the starter sources;
-        # then the agent's kernels are written, built anew and profiled, with the spares ready.
+        # prefetches its baselines (torch.compile included); then the agent's kernels are
+        # written, built anew and profiled, with the spares ready.
         ws2 = new_task_workspace(task, sol, tmp, env, py, device)
         service.close()
         service = EvalService(ws2, control, listener=lambda name, argv, rc, text, res: results.append(res))

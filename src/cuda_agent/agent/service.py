@@ -10,8 +10,8 @@ name and its flags.
 
 On `start()` the service first does, in the background, what the episode's first
 evaluations would otherwise wait for (`commands.prefetch`): the task's baselines
-(torch.compile included) are measured and cached, and the workspace's sources built
-(with the precompiled header). That overlaps the agent's first turns, which read the
+(torch.compile included) are measured and cached, and the precompiled torch headers
+built if this machine has none yet. That overlaps the agent's first turns, which read the
 task; a command sent meanwhile waits for it. Its outcome goes to the listener as the
 command "prefetch".
 """
@@ -96,8 +96,9 @@ class EvalService:
         return self._prefetch_done.wait(timeout_s)
 
     def close(self) -> None:
-        # a prefetch still measuring would disturb whatever the device runs next
-        self._prefetch_done.wait(timeout=900)
+        # A prefetch still running is left to finish (its baselines are cached for the next
+        # episode of the task; it holds the device lock while it measures, so other
+        # episodes' measurements wait for it, and its processes die with this one).
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
