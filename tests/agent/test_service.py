@@ -102,3 +102,13 @@ def test_no_prefetch_when_switched_off(tmp_path: Path) -> None:
         assert service.wait_prefetched(0) and service.prefetched is None
     finally:
         service.close()
+
+
+def test_builds_wait_for_the_prefetch_only_beside_a_cpu_measurement(tmp_path: Path) -> None:
+    task = task_from_code(AXPBY, name="axpby", source="test")
+    cpu = EvalService(create_workspace(task, tmp_path / "cpu", device="cpu"), tmp_path, prefetch=False)
+    gpu = EvalService(create_workspace(task, tmp_path / "gpu", device="cuda"), tmp_path, prefetch=False)
+    assert not cpu._builds_beside_prefetch() and gpu._builds_beside_prefetch()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    assert not EvalService(broken, tmp_path, prefetch=False)._builds_beside_prefetch()

@@ -12,7 +12,8 @@ On `start()` the service first does, in the background, what the episode's first
 evaluations would otherwise wait for (`commands.prefetch`): the task's baselines
 (torch.compile included) are measured and cached, and the precompiled torch headers
 built if this machine has none yet. That overlaps the agent's first turns, which read the
-task; a command sent meanwhile waits for it. Its outcome goes to the listener as the
+task; a command sent meanwhile waits for it (on CUDA a build does not: it is CPU work,
+and the baselines' numbers are device time). Its outcome goes to the listener as the
 command "prefetch".
 """
 
@@ -58,7 +59,6 @@ class EvalService:
 
     def start(self) -> None:
         if self.prefetch:
-            self._lock.acquire()  # held until the prefetch is done: commands wait for it
             threading.Thread(target=self._prefetch, daemon=True, name="cuda-agent-prefetch").start()
         else:
             self._prefetch_done.set()
@@ -84,12 +84,21 @@ class EvalService:
             self.prefetched = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         finally:
             self.prefetched = {**(self.prefetched or {}), "seconds": round(time.perf_counter() - t0, 3)}
-            self._lock.release()
             self._prefetch_done.set()
         if self.listener is not None:
             with contextlib.suppress(Exception):
                 self.listener("prefetch", [], 0 if "error" not in self.prefetched else 1,
                               json.dumps(self.prefetched), self.prefetched)
+
+    def _builds_beside_prefetch(self) -> bool:
+        """A build may run while the prefetch measures on a GPU (device time, as the bench's
+        build pool does), never beside a CPU measurement, which it would slow."""
+        from cuda_agent.workspace import load_record
+
+        try:
+            return load_record(self.workspace).device == "cuda"
+        except Exception:  # an unreadable workspace: the command itself says what is wrong
+            return False
 
     def wait_prefetched(self, timeout_s: float | None = None) -> bool:
         """Wait for the start-up prefetch (benchmarks: as after the agent's first turns)."""
@@ -141,6 +150,8 @@ class EvalService:
         """Run one command on the workspace (also what the loop calls to score a state)."""
         parts: list[str] = []
         result: Any = None
+        if not (name == "compile" and self._builds_beside_prefetch()):
+            self._prefetch_done.wait()
         with self._lock:
             try:
                 if name not in COMMANDS:
