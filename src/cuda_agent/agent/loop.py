@@ -193,7 +193,7 @@ class Episode:
         tmp.rename(dest)
 
     def _on_command(self, name: str, argv: list[str], rc: int, text: str, result: Any) -> None:
-        if name == "prefetch":  # the service's start-up work (baselines, first build), not the agent's
+        if name == "prefetch":  # the service's start-up work (baselines, headers), not the agent's
             self.writer.event("prefetch", self.turn, **(result if isinstance(result, dict) else {}))
             return
         rec = result.to_dict() if hasattr(result, "to_dict") and hasattr(result, "correct") else None

@@ -150,7 +150,7 @@ class EvalService:
         """Run one command on the workspace (also what the loop calls to score a state)."""
         parts: list[str] = []
         result: Any = None
-        if not (name == "compile" and self._builds_beside_prefetch()):
+        if not self._prefetch_done.is_set() and not (name == "compile" and self._builds_beside_prefetch()):
             self._prefetch_done.wait()
         with self._lock:
             try:

@@ -170,27 +170,22 @@ class Pool:
 
     def wait_ready(self, key: Hashable, timeout_s: float) -> bool:
         """Wait until the spare for `key` is ready (benchmarks: as after an agent's thinking)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                spare = self._spares.get(key)
-            if spare is not None and spare.ready():
-                return True
-            time.sleep(0.05)
-        return False
+        return self._wait(lambda spares: key in spares and spares[key].ready(), timeout_s)
 
     def wait_all_ready(self, timeout_s: float) -> bool:
         """Wait until every spare in the pool is ready (benchmarks: as after an agent's
         thinking); False when there is none, or after `timeout_s`."""
+        return self._wait(lambda spares: bool(spares) and all(s.ready() for s in spares.values()), timeout_s)
+
+    def _wait(self, done: Callable[[dict[Hashable, Spare]], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                spares = list(self._spares.values())
-            if spares and all(s.ready() for s in spares):
+                spares = dict(self._spares)
+            if done(spares):
                 return True
             time.sleep(0.05)
         return False
-
 
 POOL = Pool()
 atexit.register(POOL.close)
