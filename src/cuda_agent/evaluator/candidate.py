@@ -113,13 +113,7 @@ def warm_up(device: str) -> None:
 
     if device == "cuda":
         torch.cuda.init()
-        x = torch.empty(1, device="cuda")
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            x.fill_(1.0)
-            torch.cuda.synchronize()
-        timing.profiled_events(prof)
+        timing.warm_profiler(device)
 
 
 def wait_for_job(spec_path: str, idle_s: float) -> bool:
