@@ -170,6 +170,7 @@ def test_duplicates_and_benchmark_copies_are_rejected(tmp_path: Path) -> None:
         g.process_composed(i, Composed(code=code, ops=["x"], n_ops=1, data_source="torch#1", composer="test"))
     rejects = [json.loads(x) for x in g.rejects.read_text().splitlines()]
     assert [r["stage"] for r in rejects] == ["duplicate", "decontaminate"] and "19_ReLU" in rejects[1]["why"]
+    assert " to 19_ReLU.py " in rejects[1]["why"], rejects[1]["why"]  # named within the benchmark, not by a path
 
 
 def test_ast_similarity() -> None:

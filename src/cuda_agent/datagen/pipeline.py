@@ -221,8 +221,20 @@ class Generator:
     def _reference(self) -> Reference | None:
         if self.cfg.decontaminate is None:
             return None
-        tasks = load_tasks(self.cfg.decontaminate)
-        return Reference.from_codes([(t.source, t.code) for t in tasks])
+        root = Path(self.cfg.decontaminate)
+        tasks = load_tasks(root)
+
+        def name(t: Any) -> str:
+            # relative to the benchmark's folder (e.g. level2/66_...py): the dataset's rows
+            # name the closest benchmark task, not a path on the machine that made them
+            src = Path(str(t.source))
+            try:
+                return src.resolve().relative_to(root.resolve()).as_posix() if root.is_dir() else \
+                    f"{root.name}:{t.name}"
+            except ValueError:
+                return t.name
+
+        return Reference.from_codes([(name(t), t.code) for t in tasks])
 
     def _count(self, row: dict[str, Any]) -> None:
         self.summary.produced += 1
