@@ -272,8 +272,13 @@ def test_llm_composer_output_is_parsed_and_checked(tmp_path: Path) -> None:
     assert row["accepted"]
 
 
-def test_committed_sample_loads() -> None:
-    path = REPO / "examples" / "datagen" / "ops50.jsonl"
+@pytest.mark.parametrize("name, n", [("ops50", 50), ("h200_205", 205)])
+def test_committed_sample_loads(name: str, n: int) -> None:
+    path = REPO / "examples" / "datagen" / f"{name}.jsonl"
     tasks = load_tasks(path)
-    assert len(tasks) >= 50 and len({t.id for t in tasks}) == len(tasks)
+    assert len(tasks) == n and len({t.id for t in tasks}) == len(tasks)
     assert all(t.ops for t in tasks) and [t.id for t in load_tasks(path.with_suffix(".parquet"))] == [t.id for t in tasks]
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    # decontaminated against a benchmark named within its folder (no machine path)
+    assert all(not r["filters"]["decontaminate"]["closest"].startswith(("/", ".")) for r in rows)
+    assert max(r["filters"]["decontaminate"]["max_similarity"] for r in rows) <= 0.9
