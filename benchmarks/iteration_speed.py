@@ -182,6 +182,8 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
                     print("    timings_s:", rec.timings_s, "warm_start:", rec.details.get("warm_start"),
                           "flags:", rec.flags, flush=True)
                     print("    candidate phases:", rec.details.get("candidate_phases_s"), flush=True)
+                    print("    candidate timing:", rec.details.get("candidate_measure_s"),
+                          {k: (v or {}).get("iterations") for k, v in (rec.times_us or {}).items()}, flush=True)
             rows += [(f"service, {label}: compile.sh", comp), (f"service, {label}: profiling", prof),
                      (f"service, {label}: iteration = compile + profiling",
                       [a + b for a, b in zip(comp, prof, strict=True)])]

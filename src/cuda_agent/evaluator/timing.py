@@ -282,7 +282,7 @@ def measure(
     device: str,
     protocol: Protocol | None = None,
     keep_outputs: Sequence[str] = (),
-    spent_s: dict[str, float] | None = None,
+    spent_s: dict[str, Any] | None = None,
     probe: bool = False,
     loose: Sequence[str] = (),
 ) -> dict[str, Measurement]:
@@ -294,7 +294,8 @@ def measure(
     set not yet checked); the last one per set is kept in `outputs`. Outputs must not
     alias inputs (the evaluator checks that before timing): they are poisoned when let go.
     `spent_s`, when given, is filled with where the time went: seconds of warm-up, timed
-    rounds, final check calls and reading the profile, and the number of rounds. With
+    rounds, final check calls and reading the profile, the number of rounds and, on CUDA,
+    at each reading of the stop rule that did not stop, the subjects not yet within target. With
     `probe`, the device probe is one more subject, named `PROBE` (it takes no inputs).
     The stop rule asks the subjects in `loose` only for `Protocol.loose_rel_ci`, the probe
     for `Protocol.probe_rel_ci`.
@@ -375,12 +376,14 @@ def measure(
     def target(n: str, default: float) -> float:
         return p.probe_rel_ci if n == PROBE else p.loose_rel_ci if n in loose else default
 
+    unsettled: list[str] = []  # per check of the rule: "round: subjects not yet within their target"
+
     def device_settled() -> bool:
-        for n in names:
-            xs = [x for x in results[n].device_us if not math.isnan(x)]
-            if median_rel_ci(xs) >= target(n, p.target_device_rel_ci):
-                return False
-        return True
+        late = [n for n in names if median_rel_ci([x for x in results[n].device_us if not math.isnan(x)])
+                >= target(n, p.target_device_rel_ci)]
+        if late:
+            unsettled.append(f"{k}: {', '.join(late)}")
+        return not late
 
     if cuda:
         start_profile()
@@ -442,6 +445,8 @@ def measure(
         end_profile()
     lap("rounds")
     spent["rounds_n"] = k
+    if unsettled:
+        spent["unsettled"] = unsettled  # (what kept the rounds going: where the time went)
     with torch.no_grad():
         for n in names:
             if n in keep:
