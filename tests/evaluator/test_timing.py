@@ -151,3 +151,19 @@ def test_loose_subjects_need_only_the_loose_interval() -> None:
     assert spent["rounds_n"] < 50, spent
     timing.measure(subjects, [[torch.zeros(1)]], "cpu", p, spent_s=spent)
     assert spent["rounds_n"] == 100, spent  # the noisy one's median is not within 5% by then (about 10%)
+
+
+def test_settled_checks_leave_the_rounds() -> None:
+    # The probe and a loose subject are timed only until within their target; the
+    # reward's subjects are timed in every round to the end.
+    import random
+
+    rng = random.Random(1)
+    subjects = {"noisy": lambda a: time.sleep(rng.uniform(0.0002, 0.004)), "steady": lambda a: time.sleep(0.0005)}
+    p = timing.Protocol(warmup=1, min_iters=10, max_iters=60, target_rel_ci=0.01, loose_rel_ci=0.5,
+                        probe_rel_ci=0.5, budget_s=60)
+    spent: dict[str, float] = {}
+    res = timing.measure(subjects, [[torch.zeros(1)]], "cpu", p, spent_s=spent, loose=["steady"], probe=True)
+    n = {k: len(m.wall_us) for k, m in res.items()}
+    assert spent["rounds_n"] == n["noisy"] == 60, (spent, n)  # not within 1%: every round
+    assert 10 <= n["steady"] < 20 and 10 <= n[timing.PROBE] < 20, n  # within their 50% in a few readings
