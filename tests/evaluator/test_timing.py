@@ -160,10 +160,11 @@ def test_settled_checks_leave_the_rounds() -> None:
 
     rng = random.Random(1)
     subjects = {"noisy": lambda a: time.sleep(rng.uniform(0.0002, 0.004)), "steady": lambda a: time.sleep(0.0005)}
-    p = timing.Protocol(warmup=1, min_iters=10, max_iters=60, target_rel_ci=0.01, loose_rel_ci=0.5,
-                        probe_rel_ci=0.5, budget_s=60)
+    p = timing.Protocol(warmup=1, min_iters=10, max_iters=100, target_rel_ci=0.01, loose_rel_ci=1.0,
+                        probe_rel_ci=1.0, budget_s=60)
     spent: dict[str, float] = {}
     res = timing.measure(subjects, [[torch.zeros(1)]], "cpu", p, spent_s=spent, loose=["steady"], probe=True)
     n = {k: len(m.wall_us) for k, m in res.items()}
-    assert spent["rounds_n"] == n["noisy"] == 60, (spent, n)  # not within 1%: every round
-    assert 10 <= n["steady"] < 20 and 10 <= n[timing.PROBE] < 20, n  # within their 50% in a few readings
+    assert spent["rounds_n"] == n["noisy"] == 100, (spent, n)  # not within 1%: every round
+    # within their 100% long before (at the first readings; later under a loaded machine)
+    assert 10 <= n["steady"] < 60 and 10 <= n[timing.PROBE] < 60, n
