@@ -223,14 +223,15 @@ class Generator:
             return None
         root = Path(self.cfg.decontaminate)
         tasks = load_tasks(root)
+        base = root.resolve() if root.is_dir() else None
 
         def name(t: Any) -> str:
             # relative to the benchmark's folder (e.g. level2/66_...py): the dataset's rows
             # name the closest benchmark task, not a path on the machine that made them
-            src = Path(str(t.source))
+            if base is None:
+                return f"{root.name}:{t.name}"
             try:
-                return src.resolve().relative_to(root.resolve()).as_posix() if root.is_dir() else \
-                    f"{root.name}:{t.name}"
+                return Path(str(t.source)).resolve().relative_to(base).as_posix()
             except ValueError:
                 return t.name
 

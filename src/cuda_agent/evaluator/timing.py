@@ -384,17 +384,16 @@ def measure(
     aux = set(loose) | ({PROBE} if probe else set())
     active = list(names)
 
-    def still_late(late: list[str]) -> bool:
-        if late:
-            active[:] = [n for n in active if n in late or n not in aux]
-        return bool(late)
-
-    def device_settled() -> bool:
-        late = [n for n in active if median_rel_ci([x for x in results[n].device_us if not math.isnan(x)])
-                >= target(n, p.target_device_rel_ci)]
-        if late:
+    def settled(samples: Callable[[str], list[float]], default: float, record: bool = False) -> bool:
+        """Whether every subject still timed is within its target; checks within theirs leave."""
+        late = [n for n in active if median_rel_ci(samples(n)) >= target(n, default)]
+        if late and record:
             unsettled.append(f"{k}: {', '.join(late)}")
-        return not still_late(late)
+        active[:] = [n for n in active if n in late or n not in aux]
+        return not late
+
+    def device_us(n: str) -> list[float]:
+        return [x for x in results[n].device_us if not math.isnan(x)]
 
     if cuda:
         start_profile()
@@ -445,12 +444,11 @@ def measure(
                     if k >= p.min_iters and (k - last_check >= p.chunk
                                              or _perf_ns() - last_check_ns >= p.chunk_s * 1e9):
                         end_profile()
-                        if device_settled():
+                        if settled(device_us, p.target_device_rel_ci, record=True):
                             break
                         start_profile()
                         last_check, last_check_ns = k, _perf_ns()
-                elif k >= p.min_iters and not still_late(
-                        [n for n in active if median_rel_ci(results[n].wall_us) >= target(n, p.target_rel_ci)]):
+                elif k >= p.min_iters and settled(lambda n: results[n].wall_us, p.target_rel_ci):
                     break
     finally:
         end_profile()

@@ -129,7 +129,8 @@ def prefetch(ws: Path, *, sandbox: bool = True, warm: bool = False, device_lock:
     """What the workspace's first profiling and first build would wait for, done ahead:
     the task's baselines measured and cached (with the options `utils.profiling` uses),
     then the precompiled torch headers the workspace's C++ sources use, where this
-    toolchain has not built them yet (the kinds side by side) (tens of seconds, once per machine and torch).
+    toolchain has not built them yet (tens of seconds, once per machine and torch; the
+    kinds side by side).
     Returns what happened to each ("baselines": "cached" / "measured" / "off" /
     "failed: ..."; "headers": "built: KINDS" / "cached" / "failed: KINDS" / "skipped: ...")
     and the seconds each took; never raises for a broken workspace. The baselines are
@@ -159,9 +160,11 @@ def prefetch(ws: Path, *, sandbox: bool = True, warm: bool = False, device_lock:
         # the kinds a kernel file or binding can include (torch/extension.h, torch/types.h)
         missing = [k for k in sorted(B.PCH_HEADERS) if not B.pch_built(tc, k)]
         # side by side (each is one compiler process of about half a minute on the GPU machine)
-        with ThreadPoolExecutor(max(1, len(missing))) as pool:
-            built = dict(zip(missing, pool.map(lambda k: B.ensure_pch(tc, k), missing), strict=True))
-        failed = [k for k in missing if built[k] is None]
+        failed: list[str] = []
+        if missing:
+            with ThreadPoolExecutor(len(missing)) as pool:
+                failed = [k for k, h in zip(missing, pool.map(lambda k: B.ensure_pch(tc, k), missing), strict=True)
+                          if h is None]
         out["headers"] = (f"failed: {', '.join(failed)}" if failed else
                           f"built: {', '.join(missing)}" if missing else "cached")
     except Exception as exc:  # no compiler: the first build says so
