@@ -10,8 +10,10 @@ runs on its own (a new evaluator process per command, as a user's shell without 
 agent has it), then through the evaluation service as in an agent episode: the shell's
 commands go to one long-lived evaluator, whose evaluations take the reference and
 candidate processes started ahead by the one before (`evaluator.warm`). That is timed
-back to back (edit, compile, profile at once) and after a pause that lets the spare
-finish starting, as the agent's thinking between two tool calls does. A `cuda-agent eval
+back to back (edit, compile, profile at once: the compile runs while the spare
+starts) and after a pause that lets the spare finish starting before the edit, as the
+agent's reading of the profile and writing of its next kernel does. Each build prints its
+own seconds and ninja's steps. A `cuda-agent eval
 --json` of the edited workspace prints where the time goes.
 
 Released flow, as its scripts do it, each step a new process: force rebuild (build dir
@@ -139,6 +141,19 @@ def put_solution(ws: Path, sol: Path) -> None:
             shutil.copy(f, ws / "kernels" / f.name)
 
 
+def print_build(res: object) -> None:
+    """The build's own seconds and its steps (from ninja's log), beside compile.sh's."""
+    if res is None or not hasattr(res, "rebuilt"):
+        return
+    steps = {}
+    log = Path(res.build_dir or "") / "obj" / ".ninja_log"
+    if res.rebuilt and log.exists():
+        for line in log.read_text().splitlines()[-len(res.rebuilt):]:
+            start, end, _, out, *_ = line.split("\t")
+            steps[out] = round((int(end) - int(start)) / 1e3, 3)
+    print(f"    build: {res.duration_s:.3f} s, steps (s): {steps}", flush=True)
+
+
 def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: str, task: Path, sol: Path,
                  tmp: Path, device: str) -> list[tuple[str, list[float]]]:
     """compile + profiling through the evaluation service, back to back and with the spare
@@ -170,12 +185,15 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
         for label, pause in (("back to back", False), ("spare ready (as after the agent's thinking)", True)):
             comp, prof = [], []
             for i in range(repeats):
-                kernel.write_text(kernel.read_text() + f"\n// service edit {label[:4]} {i} {time.time_ns()}\n")
-                comp.append(timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")[0])
                 if pause:
+                    # The agent reads the profile and writes its next kernel before it compiles
+                    # again: the spares started after the last evaluation warm up meanwhile.
                     t_w = time.perf_counter()
                     ok = warm.POOL.wait_all_ready(120)  # the candidate's, the reference's, the baseline's
                     print(f"  (spares ready: {ok}, waited {time.perf_counter() - t_w:.2f} s)", flush=True)
+                kernel.write_text(kernel.read_text() + f"\n// service edit {label[:4]} {i} {time.time_ns()}\n")
+                comp.append(timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")[0])
+                print_build(results[-1])
                 prof.append(timed([py, "-m", "utils.profiling"], ws, s_env, f"service: profiling, {label}")[0])
                 rec = results[-1]
                 if rec is not None and hasattr(rec, "timings_s"):
@@ -199,6 +217,7 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
         print(f"  (spares ready: {warm.POOL.wait_all_ready(120)})", flush=True)
         put_solution(ws2, sol)
         c2 = timed(["bash", "utils/compile.sh"], ws2, n_env, "service: new task, compile.sh (its first build)")[0]
+        print_build(results[-1])
         p2 = timed([py, "-m", "utils.profiling"], ws2, n_env, "service: new task, first profiling")[0]
         rec = results[-1]
         if rec is not None and hasattr(rec, "timings_s"):

@@ -257,3 +257,12 @@ def test_build_timeout(tmp_path: Path) -> None:
     res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"slow__cpp": slow}), build_timeout_s=5.0)
     assert res.status == "timeout"
     assert "build timed out" in res.message
+
+
+def test_the_linker_probe_picks_one_that_links_or_none(tmp_path: Path) -> None:
+    from cuda_agent.evaluator.build import _fast_linker, toolchain
+
+    flags = _fast_linker("c++")
+    assert flags in ([], ["-fuse-ld=mold"], ["-fuse-ld=lld"], ["-fuse-ld=gold"])
+    assert set(flags) <= set(toolchain("cpu").ldflags)  # what every build here links with
+    assert _fast_linker(str(tmp_path / "no-such-compiler")) == []  # GNU ld's default, no error
