@@ -42,7 +42,11 @@ def test_profiled_solution_has_times_speedups_and_reward(tmp_path: Path) -> None
     assert ("baseline_measure_s" in res.details) == measured
     for who in ("candidate", "baseline") if measured else ("candidate",):  # where each timing process's time went
         spent = res.details[f"{who}_measure_s"]
-        assert set(spent) == {"warm-up", "rounds", "rounds_n", "checks"} and spent["rounds_n"] >= 10, spent
+        assert set(spent) == {"warm-up", "rounds", "rounds_n", "round_parts", "calls_s", "checks"} \
+            and spent["rounds_n"] >= 10, spent
+        # the rounds' parts are within the rounds; the timed calls, summed per subject, are one part
+        assert 0 < sum(spent["round_parts"].values()) <= spent["rounds"], spent
+        assert abs(sum(spent["calls_s"].values()) - spent["round_parts"]["calls"]) < 1e-3, spent
     assert res.details["candidate_measure_s"]["rounds"] < res.timings_s["profile"]
     again = prof(tmp_path / "b", C.axpby(), drift_bound=10.0)  # CPU timing noise must not re-measure here
     assert again.details["baseline"] == "cached" and "baseline" not in again.timings_s

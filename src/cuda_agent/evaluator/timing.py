@@ -294,7 +294,8 @@ def measure(
     set not yet checked); the last one per set is kept in `outputs`. Outputs must not
     alias inputs (the evaluator checks that before timing): they are poisoned when let go.
     `spent_s`, when given, is filled with where the time went: seconds of warm-up, timed
-    rounds, final check calls and reading the profile, the number of rounds and, on CUDA,
+    rounds (and their parts: new inputs, flush, timed calls per subject, poisoning and check
+    calls), final check calls and reading the profile, the number of rounds and, on CUDA,
     at each reading of the stop rule that did not stop, the subjects not yet within target. With
     `probe`, the device probe is one more subject, named `PROBE` (it takes no inputs).
     The stop rule asks the subjects in `loose` only for `Protocol.loose_rel_ci`, the probe
@@ -395,6 +396,10 @@ def measure(
     def device_us(n: str) -> list[float]:
         return [x for x in results[n].device_us if not math.isnan(x)]
 
+    # where a round's host time goes (seconds): new inputs, the L2 flush (and its sync), the
+    # timed calls (their syncs included), and after them (poisoning, check calls)
+    parts = {"inputs": 0, "flush": 0, "calls": 0, "after": 0}
+    call_ns = {n: 0 for n in names}
     if cuda:
         start_profile()
     try:
@@ -407,6 +412,7 @@ def measure(
                     # Subjects of one round start from different input sets, so an output left
                     # in freed memory by the subject before is never the right answer.
                     which = (k + j) % len(input_sets)
+                    t0 = _perf_ns()
                     if n != PROBE:
                         if k % 3 == 2:
                             buffers[n] = _fresh(input_sets[which])  # new memory, not only new values
@@ -416,17 +422,21 @@ def measure(
                     def call(n: str = n) -> Any:
                         return subjects[n](*buffers[n])
 
+                    t1 = _perf_ns()
                     if cuda:
                         if p.flush_l2:
                             clock.flush()
                         else:
                             torch.cuda.synchronize()
+                    t2 = _perf_ns()
+                    if cuda:
                         tag = f"cuda_agent_timed_{n}_{k}"
                         tags.append((n, tag, len(results[n].wall_us)))
                         with torch.profiler.record_function(tag):
                             wall, dev, out = clock.time_call(call)
                     else:
                         wall, dev, out = clock.time_call(call)
+                    t3 = _perf_ns()
                     results[n].wall_us.append(wall)
                     results[n].device_us.append(dev)
                     # Whatever output is let go is poisoned first, so no later call can find a
@@ -435,6 +445,11 @@ def measure(
                     del out
                     if n in keep and _rng.random() < CHECK_PROBABILITY:
                         check_call(n)
+                    parts["inputs"] += t1 - t0
+                    parts["flush"] += t2 - t1
+                    parts["calls"] += t3 - t2
+                    call_ns[n] += t3 - t2
+                    parts["after"] += _perf_ns() - t3
                 k += 1
                 if k >= p.max_iters or _perf_ns() > deadline:
                     break
@@ -454,6 +469,8 @@ def measure(
         end_profile()
     lap("rounds")
     spent["rounds_n"] = k
+    spent["round_parts"] = {name: round(v / 1e9, 4) for name, v in parts.items()}
+    spent["calls_s"] = {n: round(v / 1e9, 4) for n, v in call_ns.items()}
     if unsettled:
         spent["unsettled"] = unsettled  # (what kept the rounds going: where the time went)
     with torch.no_grad():
