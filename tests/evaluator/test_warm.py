@@ -140,3 +140,46 @@ def test_baselines_measured_in_a_spare_baseline_process(tmp_path: Path, pool: wa
     assert third.status == "ok" and "baseline_spare_failed" in third.details, third.details
     assert "baseline_warm_start" not in third.details and third.times_us["compile"]["median_us"] > 0
 
+
+
+def test_a_spare_started_during_a_measurement_waits_for_its_end(tmp_path: Path, pool: warm.Pool) -> None:
+    """A spare offered while a measurement of its device is in flight does nothing of its
+    device stage (on the CPU: nothing at all) until the measurement ends; a job it is
+    given meanwhile is its go, so an evaluation never waits on the one that holds it."""
+    opts = E.EvalOptions(device="cpu")
+    threads = E._usable_cores()
+    key = E._spare_key(opts, "cpu", threads)
+    with pool.measuring(E._device_key(opts, "cpu")):
+        pool.offer(key, lambda: E._start_spare(opts, "cpu", threads))
+        spare = pool._spares[key]
+        time.sleep(3.0)  # long enough for a warm-up on this machine
+        assert all(p.alive() for p in spare.procs.values()) and not spare.released
+        assert not any((spare.work / d / name).exists() for d in spare.ready_dirs for name in (warm.GO, warm.READY))
+    assert spare.released and all((spare.work / d / warm.GO).exists() for d in spare.ready_dirs)
+    assert wait_for(pool, key) is spare
+    # held again, then taken by an evaluation inside the measurement that holds it
+    res_key = pool.take(key)
+    assert res_key is spare
+    spare.close()
+    with pool.measuring(E._device_key(opts, "cpu")):
+        pool.offer(key, lambda: E._start_spare(opts, "cpu", threads))
+        held = pool._spares[key]
+        time.sleep(1.0)  # (usually waiting for the go by now)
+        t0 = time.monotonic()
+        res = run(tmp_path / "a", C.AXPBY_TASK, C.axpby(), warm=True, early_spare=False)
+        assert res.status == "ok" and res.details.get("warm_start") is True, res.message
+        assert not held.released and time.monotonic() - t0 < 60
+        phases = res.details["candidate_phases_s"]
+        # the job was its go (it may have been there before the process looked); on the CPU no host stage
+        assert phases["waited for the go (s)"] >= 0 and phases["warm-up, host (s)"] < 0.05, phases
+
+
+def test_an_early_spare_starts_during_the_evaluation_and_warms_after_it(tmp_path: Path, pool: warm.Pool) -> None:
+    first = run(tmp_path / "a", C.AXPBY_TASK, C.axpby(), warm=True, early_spare=True)
+    assert first.status == "ok", first.message
+    spare = wait_ready(pool)  # started while `first` ran, given the go at its end
+    assert spare.released_at - spare.started > 0.2  # it waited, not started after the evaluation
+    second = run(tmp_path / "b", C.AXPBY_TASK, C.axpby(), warm=True, early_spare=True)
+    assert second.status == "ok" and second.details.get("warm_start") is True, second.message
+    assert second.details["candidate_phases_s"]["waited for the go (s)"] > 0.2
+    wait_ready(pool)  # and the next one is there again

@@ -157,17 +157,28 @@ def _close(a: Any, b: Any) -> bool:
     return True
 
 
-def warm_up(device: str) -> None:
-    """What every baseline process does before its task is known."""
-    import torch
+def warm_host(device: str) -> None:
+    """Before its task is known, what touches only the host (on CUDA; see `candidate.warm_host`)."""
+    if device == "cuda":
+        _imports()
+
+
+def _imports() -> None:
+    import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
 
     from cuda_agent.evaluator import tensors  # noqa: F401
     from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
 
+
+def warm_device(device: str) -> None:
+    """The rest of what every baseline process does before its task is known."""
+    _imports()
     if device != "cuda":
         return  # (a trivial compile on the CPU is a C++ build: seconds of the cores tests share)
+    import torch
+
     torch.cuda.init()
     x = torch.ones(1024, device="cuda")
 
@@ -187,9 +198,9 @@ def warm_up(device: str) -> None:
 
 def _entry(argv: list[str]) -> int:
     if len(argv) == 4 and argv[1] == "--wait":
-        warm_up(argv[2])
-        Path(".spare-ready").write_text("")  # in its output directory, its cwd
-        if not _wait(Path(argv[0]), float(argv[3])):
+        from cuda_agent.evaluator.waiting import wait_as_spare
+
+        if wait_as_spare(argv, warm_host, warm_device) is None:  # (in its output directory, its cwd)
             return 0
     return main(argv[0])
 

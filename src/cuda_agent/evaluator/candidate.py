@@ -2,9 +2,10 @@
 
 `python -m cuda_agent.evaluator.candidate SPEC.json` runs inside the sandbox with only
 its run directory writable. `... SPEC.json --wait DEVICE IDLE_S` is a process started
-ahead of its job (see `warm`): it imports torch, creates the CUDA context and starts the
-profiler once (its first start costs seconds), all with no candidate code in it, then
-waits up to IDLE_S seconds for SPEC.json to appear and runs it like the first form. It never sees the expected outputs: it writes each trial's
+ahead of its job (see `warm`): it imports torch (on CUDA at once, on the CPU after the
+go), creates the CUDA context and starts the profiler once (its first start costs
+seconds; both after the go), all with no candidate code in it, then waits up to IDLE_S
+seconds for SPEC.json to appear and runs it like the first form. It never sees the expected outputs: it writes each trial's
 outputs (and what the runtime guards saw) to `out/`, and the trusted parent compares.
 Files here are read by the parent with `torch.load(weights_only=True)` and plain JSON.
 """
@@ -104,8 +105,20 @@ def _forward_watching_streams(model: Any, inputs: list[Any], g: Any, modules: li
     return result, info
 
 
-def warm_up(device: str) -> None:
-    """Everything a candidate process does before its job is known."""
+def warm_host(device: str) -> None:
+    """What a candidate process does before its job that touches only the host: beside a
+    measurement on the GPU it may run (see `warm`); on the CPU it would not, so there it
+    is left to the device stage."""
+    if device != "cuda":
+        return
+    import torch  # noqa: F401
+
+    from cuda_agent.evaluator import guards, tensors, timing  # noqa: F401  (timing binds its clocks)
+    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
+
+
+def warm_device(device: str) -> None:
+    """The rest of what a candidate process does before its job is known."""
     import torch
 
     from cuda_agent.evaluator import guards, tensors, timing  # noqa: F401  (timing binds its clocks)
@@ -114,17 +127,6 @@ def warm_up(device: str) -> None:
     if device == "cuda":
         torch.cuda.init()
         timing.warm_profiler(device)
-
-
-def wait_for_job(spec_path: str, idle_s: float) -> bool:
-    """Poll for the job's spec file (written whole, by a rename); False after `idle_s`."""
-    deadline = time.monotonic() + idle_s
-    path = Path(spec_path)
-    while not path.exists():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def main(spec_path: str) -> int:
@@ -318,14 +320,13 @@ def main(spec_path: str) -> int:
 def _entry(argv: list[str]) -> int:
     global _t_start
     if len(argv) == 4 and argv[1] == "--wait":
-        t0 = time.perf_counter()
-        warm_up(argv[2])
-        warm_s = time.perf_counter() - t0
-        Path(".spare-ready").write_text(f"{warm_s:.3f}")  # in the run directory, its cwd
-        if not wait_for_job(argv[0], float(argv[3])):
+        from cuda_agent.evaluator.waiting import wait_as_spare
+
+        stages = wait_as_spare(argv, warm_host, warm_device)  # (in the run directory, its cwd)
+        if stages is None:
             return 0  # nobody came: a spare that was not needed
         _t_start = time.perf_counter()  # phases count from the job's arrival
-        _phases["warmed up ahead (s)"] = round(warm_s, 4)
+        _phases.update(stages)
     return main(argv[0])
 
 

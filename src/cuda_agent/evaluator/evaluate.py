@@ -76,6 +76,11 @@ class EvalOptions:
     # With `warm`, also a spare baseline process for the next task whose baselines are
     # measured; None: on CUDA (where its warm-up, CUDA and the profiler, saves seconds).
     warm_baseline: bool | None = None
+    # With `warm`, start the next evaluation's spare when this one takes its own, not after
+    # it: its host stage (imports) overlaps this evaluation, its device stage waits for the
+    # end of this one's measurements (see `warm`). None: on CUDA (on the CPU the host stage
+    # would share the cores being timed, so there the spare waits whole).
+    early_spare: bool | None = None
 
 BASELINE_SEEDS = [7001, 7002, 7003, 7004, 7005]  # baselines do not depend on an evaluation's seeds
 
@@ -174,6 +179,11 @@ def _command(kind: str, work: Path, opts: EvalOptions, device: str, threads: int
                  env=_python_env(device, threads), config=config))
 
 
+def _device_key(opts: EvalOptions, device: str) -> tuple[str, int]:
+    """What a spare's device stage must not overlap a measurement of (see `warm.Pool.measuring`)."""
+    return (device, opts.gpu_index)
+
+
 def _spare_key(opts: EvalOptions, device: str, threads: int) -> tuple[Any, ...]:
     return (device, opts.gpu_index, threads, opts.sandbox, opts.max_processes, os.environ.get("PYTHONPATH", ""))
 
@@ -182,7 +192,7 @@ def _start_spare(opts: EvalOptions, device: str, threads: int) -> warm.Spare:
     work = Path(tempfile.mkdtemp(prefix="eval-", dir=cache_dir("runs")))
     os.chmod(work, 0o755)
     _layout(work)
-    spare = warm.Spare(work=work)
+    spare = warm.Spare(work=work, device=_device_key(opts, device))
     try:
         for kind in ("reference", "candidate"):
             argv, kw = _command(kind, work, opts, device, threads, wait=True)
@@ -231,7 +241,7 @@ def _start_baseline_spare(opts: EvalOptions, device: str, threads: int) -> warm.
     base = Path(tempfile.mkdtemp(prefix="baseline-", dir=cache_dir("runs")))
     os.chmod(base, 0o755)
     _baseline_layout(base)
-    spare = warm.Spare(work=base, ready_dirs=("out",))
+    spare = warm.Spare(work=base, ready_dirs=("out",), device=_device_key(opts, device))
     try:
         spare.procs["baseline"] = _baseline_proc(base, opts, device, threads, warm.IDLE_S + 60, wait=True)
     except BaseException:
@@ -294,6 +304,15 @@ class Evaluation:
         if spare is not None:
             shutil.rmtree(self.work, ignore_errors=True)
             self.work, self.spare = spare.work, spare
+        early = self.opts.early_spare if self.opts.early_spare is not None else self.device == "cuda"
+        if early:
+            # held before its device stage until this evaluation's measurements end (`run`)
+            threading.Thread(target=self.offer_spare, daemon=True).start()
+
+    def offer_spare(self) -> None:
+        with contextlib.suppress(Exception):
+            warm.POOL.offer(_spare_key(self.opts, self.device, self.threads),
+                            lambda: _start_spare(self.opts, self.device, self.threads))
 
     def start_process(self, kind: str, timeout: float) -> tuple[warm.Proc, bool]:
         """The spare's process of this kind (given its job's timeout), or a new one; its
@@ -746,6 +765,12 @@ class Evaluation:
                               single_file=self.solution.format == SINGLE_FILE)
 
     def run(self) -> R.EvalResult:
+        # Spares of this device started meanwhile (this evaluation's early one too) wait for
+        # the end of this block before they touch the device.
+        with warm.POOL.measuring(_device_key(self.opts, self.device)):
+            return self._run()
+
+    def _run(self) -> R.EvalResult:
         t_all = time.perf_counter()
         try:
             violations = self.static_violations()
@@ -823,10 +848,8 @@ class Evaluation:
                 warm.POOL.offer(_baseline_spare_key(self.opts, self.device, self.threads),
                                 lambda: _start_baseline_spare(self.opts, self.device, self.threads))
         if self.opts.warm:
-            # the next evaluation's spare starts now, after this one's measurements
-            with contextlib.suppress(Exception):
-                warm.POOL.offer(_spare_key(self.opts, self.device, self.threads),
-                                lambda: _start_spare(self.opts, self.device, self.threads))
+            # the next evaluation's spare, unless it was started early (`take_spare`)
+            self.offer_spare()
 
 
 def hash_protocol(p: timing.Protocol) -> int:
@@ -885,6 +908,11 @@ def prefetch_baselines(task: Task, options: EvalOptions | None = None) -> str:
         if not ok:
             return f"failed: {why}"
     ev = Evaluation(task, Solution(files={"model_new.py": ""}, format=WORKSPACE, origin="(baselines)"), opts)
+    with warm.POOL.measuring(_device_key(opts, ev.device)):
+        return _prefetch(ev)
+
+
+def _prefetch(ev: Evaluation) -> str:
     try:
         if BL.load(ev.baseline_key()) is not None:
             return "cached"

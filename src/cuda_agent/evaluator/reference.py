@@ -6,8 +6,9 @@ keeps each trial's expected outputs where the candidate cannot see them
 (`private_dir`). Because the reference never runs in the candidate's process, nothing
 the reference computed can be recovered from uninitialised memory there.
 
-`... SPEC.json --wait DEVICE IDLE_S` starts ahead of its job (see `warm`): torch and the
-CUDA context first, then up to IDLE_S seconds of waiting for SPEC.json.
+`... SPEC.json --wait DEVICE IDLE_S` starts ahead of its job (see `warm`): torch (on
+CUDA at once, on the CPU after the go) and the CUDA context (after the go) first, then up
+to IDLE_S seconds of waiting for SPEC.json.
 """
 
 from __future__ import annotations
@@ -20,12 +21,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluator.tensors import describe, seed_all, to_device
+
+def warm_host(device: str) -> None:
+    """Before its job, what touches only the host (on CUDA; see `candidate.warm_host`)."""
+    if device != "cuda":
+        return
+    import torch  # noqa: F401
+
+    from cuda_agent.evaluator import tensors  # noqa: F401
+    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
 
 
-def warm_up(device: str) -> None:
+def warm_device(device: str) -> None:
     import torch
 
+    from cuda_agent.evaluator import tensors  # noqa: F401
     from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
 
     if device == "cuda":
@@ -50,6 +60,7 @@ def main(spec_path: str) -> int:
     try:
         import torch
 
+        from cuda_agent.evaluator.tensors import describe, seed_all, to_device
         from cuda_agent.tasks import import_task_module, task_from_code
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
@@ -111,11 +122,9 @@ def main(spec_path: str) -> int:
 
 def _entry(argv: list[str]) -> int:
     if len(argv) == 4 and argv[1] == "--wait":
-        from cuda_agent.evaluator.candidate import wait_for_job
+        from cuda_agent.evaluator.waiting import wait_as_spare
 
-        warm_up(argv[2])
-        Path(".spare-ready").write_text("")  # in the private directory, its cwd
-        if not wait_for_job(argv[0], float(argv[3])):
+        if wait_as_spare(argv, warm_host, warm_device) is None:  # (in the private directory, its cwd)
             return 0
     return main(argv[0])
 

@@ -13,9 +13,15 @@ A spare serves one evaluation and is never reused: no candidate ever shares a pr
 with another candidate, and the candidate's process held no candidate code before its
 job (the evaluator's clocks and the task's `Model` class come first, as always).
 
-After an evaluation, a new spare is started for the next one with the same settings, so
-its start-up overlaps the agent's thinking (or the next build) rather than the next
-measurement. A spare nobody takes exits on its own after `IDLE_S`; `POOL.close()` (also
+The next evaluation's spare is started for it with the same settings, so its start-up
+overlaps the agent's thinking (or the next build) rather than the next measurement. Its
+warm-up is in two stages. What touches only the host (Python, torch's libraries and the
+evaluator's modules: seconds on the GPU machine) may run while this evaluation measures on
+the GPU, whose device time it does not touch, so on CUDA the spare is started as soon as
+this evaluation has taken its own. What touches the device (the CUDA context, the
+profiler's first start), and on the CPU everything, waits for the go (`.spare-go` in its
+working directory): the pool gives it once no measurement of its device is in flight
+(`Pool.measuring`), or the job itself does. A spare nobody takes exits on its own after `IDLE_S`; `POOL.close()` (also
 at exit) kills those still waiting.
 
 The trusted baseline process has spares of its own (a separate key), used only when a
@@ -33,11 +39,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuda_agent import sandbox
+from cuda_agent.evaluator.waiting import GO, READY
 
 IDLE_S = 900.0  # a spare waits this long for a job, then exits
 
@@ -98,7 +105,19 @@ class Spare:
     work: Path  # the run directory its processes were started on
     procs: dict[str, Proc] = field(default_factory=dict)  # "reference", "candidate" (or "baseline")
     started: float = field(default_factory=time.monotonic)
-    ready_dirs: tuple[str, ...] = ("run", "private")  # where its processes mark themselves ready
+    ready_dirs: tuple[str, ...] = ("run", "private")  # its processes' working directories
+    device: Hashable = None  # what its device stage must not overlap (see `Pool.measuring`)
+    released: bool = False  # its processes were given the go
+    released_at: float = 0.0  # when (time.monotonic())
+
+    def release(self) -> None:
+        """Give its processes the go for their device stage (once)."""
+        if self.released or not self.procs:
+            return
+        self.released, self.released_at = True, time.monotonic()
+        for d in self.ready_dirs:
+            with contextlib.suppress(OSError):
+                publish(self.work / d / GO, "")
 
     def usable(self) -> bool:
         """All its processes still up (not exited, not killed) and inside their idle time."""
@@ -107,7 +126,7 @@ class Spare:
 
     def ready(self) -> bool:
         """Whether its processes have warmed up and wait (each marks its working directory)."""
-        return self.usable() and all((self.work / d / ".spare-ready").exists() for d in self.ready_dirs)
+        return self.usable() and all((self.work / d / READY).exists() for d in self.ready_dirs)
 
     def close(self) -> None:
         for p in self.procs.values():
@@ -126,7 +145,25 @@ class Pool:
         self._lock = threading.Lock()
         self._spares: dict[Hashable, Spare] = {}
         self._closed = False
+        self._measuring: dict[Hashable, int] = {}  # device -> measurements in flight
         self.taken = 0  # evaluations that found a spare (for tests and benchmarks)
+
+    @contextlib.contextmanager
+    def measuring(self, device: Hashable) -> Iterator[None]:
+        """While inside, spares of `device` offered meanwhile are held before their device
+        stage; the last measurement of the device to leave gives them the go."""
+        with self._lock:
+            self._measuring[device] = self._measuring.get(device, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:  # (under the lock: no measurement starts while they are given it)
+                self._measuring[device] -= 1
+                if not self._measuring[device]:
+                    del self._measuring[device]
+                    for s in self._spares.values():
+                        if s.device == device:
+                            s.release()
 
     def take(self, key: Hashable) -> Spare | None:
         with self._lock:
@@ -142,7 +179,8 @@ class Pool:
         return spare
 
     def offer(self, key: Hashable, start: Callable[[], Spare]) -> None:
-        """Start a spare for `key` unless one is there already."""
+        """Start a spare for `key` unless one is there already; it gets the go at once
+        unless a measurement of its device is in flight."""
         with self._lock:
             if self._closed or key in self._spares:
                 return
@@ -158,6 +196,8 @@ class Pool:
                 threading.Thread(target=spare.close, daemon=True).start()
                 return
             self._spares[key] = spare
+            if not self._measuring.get(spare.device):
+                spare.release()
 
     def close(self) -> None:
         """Kill every spare still waiting (the pool takes no new ones after this)."""
