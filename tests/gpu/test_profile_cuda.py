@@ -113,6 +113,9 @@ def test_spares_give_the_same_verdicts_on_the_gpu(tmp_path: Path, monkeypatch: p
             print(f"  spare case {k}: {res.status} {res.rule} phases {res.details.get('candidate_phases_s')} "
                   f"timings {res.timings_s}")
             assert res.details.get("warm_start") is True and res.status == status, res.message
+            # started early (during the evaluation before): imports then, CUDA and CUPTI after it
+            phases = res.details["candidate_phases_s"]
+            assert phases["warm-up, host (s)"] > 0.1 and phases["warm-up, device (s)"] > 0.1, phases
             if rule:
                 assert res.rule == rule, res.message
             else:
