@@ -22,15 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.evaluator import timing  # binds its clocks first
-
-
-def _wait(path: Path, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+from cuda_agent.evaluator.waiting import wait_as_spare, wait_for
 
 
 def copy_bandwidth_gbps(device: Any) -> float:
@@ -106,7 +98,7 @@ def main(spec_path: str) -> int:
         result["compile_s"] = time.perf_counter() - t_c
         (out / "compiled").write_text("compiled")
         phase = "waiting for the device"
-        if not _wait(gate / "go", spec.get("gate_timeout_s", 600)):
+        if not wait_for([gate / "go"], time.monotonic() + spec.get("gate_timeout_s", 600)):
             raise TimeoutError("never given the device to measure on")
         phase = "timing"
         subjects: dict[str, Any] = {"eager": eager}
@@ -198,8 +190,6 @@ def warm_device(device: str) -> None:
 
 def _entry(argv: list[str]) -> int:
     if len(argv) == 4 and argv[1] == "--wait":
-        from cuda_agent.evaluator.waiting import wait_as_spare
-
         if wait_as_spare(argv, warm_host, warm_device) is None:  # (in its output directory, its cwd)
             return 0
     return main(argv[0])

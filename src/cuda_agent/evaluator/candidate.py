@@ -109,8 +109,11 @@ def warm_host(device: str) -> None:
     """What a candidate process does before its job that touches only the host: beside a
     measurement on the GPU it may run (see `warm`); on the CPU it would not, so there it
     is left to the device stage."""
-    if device != "cuda":
-        return
+    if device == "cuda":
+        _imports()
+
+
+def _imports() -> None:
     import torch  # noqa: F401
 
     from cuda_agent.evaluator import guards, tensors, timing  # noqa: F401  (timing binds its clocks)
@@ -119,12 +122,12 @@ def warm_host(device: str) -> None:
 
 def warm_device(device: str) -> None:
     """The rest of what a candidate process does before its job is known."""
-    import torch
-
-    from cuda_agent.evaluator import guards, tensors, timing  # noqa: F401  (timing binds its clocks)
-    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
-
+    _imports()
     if device == "cuda":
+        import torch
+
+        from cuda_agent.evaluator import timing
+
         torch.cuda.init()
         timing.warm_profiler(device)
 

@@ -185,7 +185,7 @@ def _device_key(opts: EvalOptions, device: str) -> tuple[str, int]:
 
 
 def _spare_key(opts: EvalOptions, device: str, threads: int) -> tuple[Any, ...]:
-    return (device, opts.gpu_index, threads, opts.sandbox, opts.max_processes, os.environ.get("PYTHONPATH", ""))
+    return (*_device_key(opts, device), threads, opts.sandbox, opts.max_processes, os.environ.get("PYTHONPATH", ""))
 
 
 def _start_spare(opts: EvalOptions, device: str, threads: int) -> warm.Spare:

@@ -24,8 +24,11 @@ from typing import Any
 
 def warm_host(device: str) -> None:
     """Before its job, what touches only the host (on CUDA; see `candidate.warm_host`)."""
-    if device != "cuda":
-        return
+    if device == "cuda":
+        _imports()
+
+
+def _imports() -> None:
     import torch  # noqa: F401
 
     from cuda_agent.evaluator import tensors  # noqa: F401
@@ -33,12 +36,10 @@ def warm_host(device: str) -> None:
 
 
 def warm_device(device: str) -> None:
-    import torch
-
-    from cuda_agent.evaluator import tensors  # noqa: F401
-    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
-
+    _imports()
     if device == "cuda":
+        import torch
+
         torch.cuda.init()
         torch.empty(1, device="cuda")
 

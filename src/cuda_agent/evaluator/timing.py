@@ -397,8 +397,8 @@ def measure(
         return [x for x in results[n].device_us if not math.isnan(x)]
 
     # where a round's host time goes (seconds): new inputs, the L2 flush (and its sync), the
-    # timed calls (their syncs included), and after them (poisoning, check calls)
-    parts = {"inputs": 0, "flush": 0, "calls": 0, "after": 0}
+    # timed calls per subject (their syncs included), and after them (poisoning, check calls)
+    parts = {"inputs": 0, "flush": 0, "after": 0}
     call_ns = {n: 0 for n in names}
     if cuda:
         start_profile()
@@ -447,7 +447,6 @@ def measure(
                         check_call(n)
                     parts["inputs"] += t1 - t0
                     parts["flush"] += t2 - t1
-                    parts["calls"] += t3 - t2
                     call_ns[n] += t3 - t2
                     parts["after"] += _perf_ns() - t3
                 k += 1
@@ -469,7 +468,7 @@ def measure(
         end_profile()
     lap("rounds")
     spent["rounds_n"] = k
-    spent["round_parts"] = {name: round(v / 1e9, 4) for name, v in parts.items()}
+    spent["round_parts"] = {name: round(v / 1e9, 4) for name, v in {**parts, "calls": sum(call_ns.values())}.items()}
     spent["calls_s"] = {n: round(v / 1e9, 4) for n, v in call_ns.items()}
     if unsettled:
         spent["unsettled"] = unsettled  # (what kept the rounds going: where the time went)
