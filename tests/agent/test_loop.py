@@ -9,11 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cuda_agent.agent import AgentConfig, OpenAIClient, OpenAIConfig, run_episode
+from cuda_agent.agent.loop import CONTROL_PREFIX
 from cuda_agent.agent.scripted_server import ScriptedServer, from_turns
 from cuda_agent.agent.trajectory import read_events
 from cuda_agent.tasks import load_task_file
@@ -201,12 +203,15 @@ def test_resume_after_a_kill_continues_the_episode(tmp_path: Path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         assert not any(e["type"] == "end" for e in read_events(traj))
+        left = list(Path(tempfile.gettempdir()).glob(f"{CONTROL_PREFIX}{proc.pid}-*"))
+        assert len(left) == 1  # the killed episode could not remove its socket's folder
         gate.write_text("go")
         client = OpenAIClient(OpenAIConfig(model="scripted", base_url=srv.base_url))
         s = asyncio.run(run_episode(load_task_file(TASK), client, out, device="cpu",
                                     config=AgentConfig(final_evaluation=False), resume=True))
     events = read_events(traj)
     assert s.reason == "finish" and any(e["type"] == "resume" and e["dropped"] == 1 for e in events)
+    assert not left[0].exists()  # the next episode removed it, its process being gone
     outs = tool_outputs(events)
     assert outs == ["one", "two", "three", "one", "Episode finished; the workspace's solution will be evaluated."]
     # the conversation sent after the resume is the one before the kill, without the turn in flight

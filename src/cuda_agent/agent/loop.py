@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -33,6 +34,28 @@ from cuda_agent.workspace import LOCKED, create_workspace
 from cuda_agent.workspace.commands import SOCKET_ENV
 
 SUMMARY_VERSION = 1
+CONTROL_PREFIX = "cuda-agent-control-"
+
+
+def _control_dir() -> Path:
+    """A new folder for the episode's evaluation socket (a short path, as a Unix socket needs).
+
+    Its name carries this process's id: a killed episode cannot remove its own, so the next
+    one removes those whose process is gone."""
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob(CONTROL_PREFIX + "*-*"):
+        pid = old.name[len(CONTROL_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or old.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            continue
+    control = Path(tempfile.mkdtemp(prefix=f"{CONTROL_PREFIX}{os.getpid()}-"))
+    control.chmod(0o755)
+    return control
 
 
 @dataclass
@@ -268,8 +291,7 @@ class Episode:
     async def run(self, resume: bool = False) -> EpisodeSummary:
         if not self._prepare(resume):
             return self._summary_from_file()
-        control = Path(tempfile.mkdtemp(prefix="cuda-agent-control-"))
-        control.chmod(0o755)
+        control = _control_dir()
         self.service = EvalService(self.ws, control, sandbox=self.cfg.sandbox, listener=self._on_command,
                                    device_lock=self.eval_lock)
         self.service.start()
