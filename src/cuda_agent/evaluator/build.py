@@ -41,7 +41,7 @@ from cuda_agent.evaluator.compiler_output import trim_compiler_output
 from cuda_agent.evaluator.solution import COMPILED_SUFFIXES, Solution
 from cuda_agent.paths import TEMPLATES, cache_dir, short_hash
 
-BUILD_PROTOCOL = "2"  # 2: the fastest linker the compiler driver can use
+BUILD_PROTOCOL = "3"  # 2: the fastest linker the compiler driver can use; 3: probed on a C++ link, GNU ld behind it
 MODULE_NAME = "cuda_extension"
 LOCKED_SOURCES = ("binding.cpp", "binding_registry.h")
 
@@ -365,8 +365,8 @@ def _make_toolchain(device: str, arch: str | None) -> Toolchain:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
     inc_flags = [f for p in includes for f in ("-isystem", p)]
     cflags = [*defines, *inc_flags, "-fPIC", std, "-O3", "-fopenmp"]
-    ldflags = ["-shared", "-fopenmp", *_fast_linker(cxx), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch",
-               "-ltorch_python", f"-Wl,-rpath,{torch_lib}"]
+    ldflags = ["-shared", "-fopenmp", f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python",
+               f"-Wl,-rpath,{torch_lib}"]
     cuda_cflags: list[str] = []
     cuda_ldflags: list[str] = []
     nvcc = None
@@ -402,6 +402,9 @@ def _make_toolchain(device: str, arch: str | None) -> Toolchain:
                 cuda_ldflags += [f"-L{found.parent}", f"-l:{found.name}", f"-Wl,-rpath,{found.parent}"]
     else:
         cflags.append("-march=native")
+    ninja = _find_ninja()
+    # probed on the link an extension makes, where builds run
+    ldflags[2:2] = _fast_linker(cxx, [*ldflags, *cuda_ldflags], _path_env(ninja, nvcc))
     fingerprint = short_hash(
         BUILD_PROTOCOL, torch.__version__, str(torch.version.git_version), sys.version,
         _version([cxx, "--version"]), _version([nvcc, "--version"]) if nvcc else "",
@@ -409,27 +412,41 @@ def _make_toolchain(device: str, arch: str | None) -> Toolchain:
         platform.machine(), _cpu_signature() if not with_cuda else "",
     )
     return Toolchain(
-        cxx=cxx, nvcc=nvcc, ninja=_find_ninja(), cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags),
+        cxx=cxx, nvcc=nvcc, ninja=ninja, cflags=tuple(cflags), cuda_cflags=tuple(cuda_cflags),
         ldflags=tuple(ldflags), cuda_ldflags=tuple(cuda_ldflags), fingerprint=fingerprint,
         torch_lib=torch_lib,
     )
 
 
-def _fast_linker(cxx: str) -> list[str]:
+FAST_LINKERS = ("mold", "lld", "gold")  # tried in this order; GNU ld is the default
+
+
+def _fast_linker(cxx: str, link_args: Sequence[str] = (), path: str | None = None,
+                 readonly: Sequence[Path] = ()) -> list[str]:
     """`-fuse-ld=` for the fastest linker `cxx` can drive here (mold, lld, gold), or nothing
     (GNU ld). Linking is most of a one-kernel-file rebuild: the linker reads the symbols of
     torch's libraries (about 0.9 GB with CUDA), which took GNU ld 0.21-0.23 s and gold
-    0.10-0.11 s on the CPU build machine, for both the CPU and the CUDA extension."""
-    with tempfile.TemporaryDirectory(prefix="cuda-agent-ld-") as d:
-        src, out = Path(d, "probe.c"), Path(d, "probe.so")
-        src.write_text("int cuda_agent_probe(void) { return 1; }\n")
-        for name in ("mold", "lld", "gold"):
+    0.10-0.11 s on the CPU build machine, for both the CPU and the CUDA extension.
+
+    The probe links as a build does: a C++ shared object (the C++ driver adds libstdc++)
+    with `link_args` (OpenMP, torch's and CUDA's libraries), in the sandbox where there is
+    one, with the builds' PATH. A linker that links C can still fail there: on the GPU
+    machine, whose g++ 13 lives under /opt with links into /usr, every build failed with
+    gold's "cannot open .../libstdc++.so", where GNU ld skips such a file and searches on."""
+    ok, _ = sandbox.sandbox_available()
+    cfg = sandbox.SandboxConfig(enabled=ok, timeout_s=60.0, address_space_mb=None, gpu_index=None)
+    env = {"PATH": path or os.environ.get("PATH", ""), "TMPDIR": "/tmp"}
+    # (`readonly`: folders the link reads beyond the system's and Python's, which the sandbox shows)
+    with tempfile.TemporaryDirectory(prefix="cuda-agent-ld-", dir=cache_dir("runs")) as d:
+        src, out = Path(d, "probe.cpp"), Path(d, "probe.so")
+        src.write_text("#include <string>\nstd::string cuda_agent_probe() { return std::string(3, 'x'); }\n")
+        for name in FAST_LINKERS:
+            argv = [cxx, "-shared", "-fPIC", str(src), *link_args, f"-fuse-ld={name}", "-o", str(out)]
             try:
-                r = subprocess.run([cxx, f"-fuse-ld={name}", "-shared", "-fPIC", "-x", "c", str(src), "-o", str(out)],
-                                   capture_output=True, timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if r.returncode == 0 and out.exists():
+                r = sandbox.run(argv, cwd=Path(d), writable=[Path(d)], readonly=list(readonly), env=env, config=cfg)
+            except (OSError, ValueError, sandbox.SandboxUnavailable):
+                return []
+            if r.returncode == 0 and not r.timed_out and out.exists():
                 return [f"-fuse-ld={name}"]
     return []
 
@@ -533,12 +550,16 @@ def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> 
             "  deps = gcc",
             "  description = $in",
         ]
-    lines += [
-        f"ldflags = {' '.join(q(f) for f in ldflags)}",
-        "rule link",
-        "  command = $cxx $in $ldflags -o $out",
-        "  description = link $out",
-    ]
+    lines.append(f"ldflags = {' '.join(q(f) for f in ldflags)}")
+    default_ld = [f for f in ldflags if not f.startswith("-fuse-ld=")]
+    if default_ld != ldflags:
+        # A faster linker that fails where GNU ld would not (a library the probe did not
+        # link, found through a dangling link) costs a second link, not the build.
+        lines += [f"ldflags_default = {' '.join(q(f) for f in default_ld)}", "rule link",
+                  "  command = $cxx $in $ldflags -o $out 2>/dev/null || $cxx $in $ldflags_default -o $out"]
+    else:
+        lines += ["rule link", "  command = $cxx $in $ldflags -o $out"]
+    lines.append("  description = link $out")
     objects = []
     for rel in spec.compiled:
         obj = _object_name(rel)
@@ -630,7 +651,7 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
             readonly: list[Path | tuple[Path, str]] = [Path(h).parent for h in pch.values()]
             readonly += [(TEMPLATES / name, str(src_dir / name)) for name in LOCKED_SOURCES if name in spec.sources]
             return sandbox.run([tc.ninja, "-C", str(obj_dir), f"-j{jobs}", *targets], cwd=obj_dir, writable=[build_dir],
-                               readonly=readonly, env={"PATH": _path_env(tc), "TMPDIR": "/tmp"}, config=cfg)
+                               readonly=readonly, env={"PATH": _path_env(tc.ninja, tc.nvcc), "TMPDIR": "/tmp"}, config=cfg)
 
         pch: dict[str, Path] = {}
         kinds = {rel: pch_kind(spec.sources[rel]) for rel in spec.compiled if not rel.endswith(".cu")}
@@ -690,9 +711,10 @@ def _seed_build_dir(source: Path, target: Path) -> None:
         shutil.rmtree(target / "obj", ignore_errors=True)
 
 
-def _path_env(tc: Toolchain) -> str:
-    dirs = [str(Path(tc.ninja).parent), str(Path(sys.executable).parent)]
-    if tc.nvcc:
-        dirs.append(str(Path(tc.nvcc).parent))
+def _path_env(ninja: str, nvcc: str | None) -> str:
+    """The PATH a build runs with."""
+    dirs = [str(Path(ninja).parent), str(Path(sys.executable).parent)]
+    if nvcc:
+        dirs.append(str(Path(nvcc).parent))
     dirs += ["/usr/local/bin", "/usr/bin", "/bin"]
     return ":".join(dict.fromkeys(dirs))
