@@ -13,7 +13,9 @@ Untimed *check calls* on the exact input sets are interleaved at random; the las
 each set is kept so the caller can compare it with the reference: a cache keyed by
 pointer or shape returns the answer of an earlier call there and fails that check.
 
-- CPU: a monotonic clock around the call.
+- CPU: a monotonic clock around the call. The evaluator's timed processes keep freed
+  memory for the next call (see `evaluate._python_env`), so a call's new outputs cost what
+  they cost on CUDA's caching allocator, not page faults that vary between processes.
 - CUDA: *device time*, the summed durations of all kernels and memory operations on all
   streams that ran while the call was in flight (profiler/CUPTI), beside *wall time*
   (CUDA events around the call plus a device-wide synchronisation inside the region).
@@ -44,7 +46,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 3  # 3: the device probe is timed beside the subjects
+# 3: the device probe is timed beside the subjects; 4: on the CPU, the timed processes keep
+# freed memory (no page faults per call; see `evaluate._python_env`)
+PROTOCOL_VERSION = 4
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported
 _rng = random.Random(os.urandom(16))  # private: not the global generators a candidate can seed
 CHECK_PROBABILITY = 0.2  # share of rounds followed by an untimed check call
