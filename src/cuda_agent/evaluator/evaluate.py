@@ -121,9 +121,10 @@ def _python_env(device: str, threads: int | None = None) -> dict[str, str]:
         # Freed memory stays in the process for the next call (glibc: no mmap'd chunks, no
         # trimming), as CUDA's caching allocator keeps it on the GPU. By default a large
         # CPU tensor is mmap'd and page-faulted anew, or not, depending on the process's
-        # allocation history and address layout: on a 2-core machine, a 16 MB elementwise
-        # chain's eager time beside the candidate was 12.7-33.4 ms in five processes, the
-        # candidate's 3.7-7.5 ms; with this, 10.4-12.4 ms and 3.0-3.7 ms.
+        # allocation history and address layout. A 16 MB elementwise chain evaluated in 5
+        # separate processes on a 2-core machine (benchmarks/profile_repeatability.py):
+        # candidate 2.75-5.87 ms (CoV 35%), eager 13.0-25.0 ms (32%); with this, 3.23-3.31
+        # ms (1.0%) and 10.2-12.8 ms (10%).
         env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(1 << 40))
     # The evaluator's own package must import inside the sandbox, also when it is found
     # through PYTHONPATH rather than installed.
