@@ -124,7 +124,8 @@ def _python_env(device: str, threads: int | None = None) -> dict[str, str]:
         # allocation history and address layout. A 16 MB elementwise chain evaluated in 5
         # separate processes on a 2-core machine (benchmarks/profile_repeatability.py):
         # candidate 2.75-5.87 ms (CoV 35%), eager 13.0-25.0 ms (32%); with this, 3.23-3.31
-        # ms (1.0%) and 10.2-12.8 ms (10%).
+        # ms (1.0%) and 10.2-12.8 ms (10%). The price: nothing freed goes back to the system
+        # before the process ends, and a large block is carved from the heap, not mapped.
         env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(1 << 40))
     # The evaluator's own package must import inside the sandbox, also when it is found
     # through PYTHONPATH rather than installed.
