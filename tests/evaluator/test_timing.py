@@ -173,7 +173,6 @@ def test_settled_checks_leave_the_rounds() -> None:
     assert 10 <= n["steady"] < 60 and 10 <= n[timing.PROBE] < 60, n
 
 
-
 _FAULTS = """
 import resource, sys, torch
 x = torch.randn(int(sys.argv[1]))
