@@ -199,6 +199,7 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
                 if rec is not None and hasattr(rec, "timings_s"):
                     print("    timings_s:", rec.timings_s, "warm_start:", rec.details.get("warm_start"),
                           "flags:", rec.flags, flush=True)
+                    print("    evaluator, when each step ended (s):", rec.details.get("evaluator_phases_s"), flush=True)
                     print("    candidate phases:", rec.details.get("candidate_phases_s"), flush=True)
                     print("    candidate timing:", rec.details.get("candidate_measure_s"),
                           {k: (v or {}).get("iterations") for k, v in (rec.times_us or {}).items()}, flush=True)

@@ -123,15 +123,24 @@ def torch_version() -> str:
         return str(torch.__version__)
 
 
+_gpu_names: dict[int, str] = {}  # nvidia-smi's answers, once per process and GPU
+
+
 def device_name(device: str, gpu_index: int = 0) -> str:
-    """A name for the cache key, found without creating a CUDA context in this process."""
+    """A name for the cache key, found without creating a CUDA context in this process.
+    A GPU's name is asked of nvidia-smi once per process (every evaluation needs it, and
+    nvidia-smi can take a second); a failed query is not kept."""
     if device == "cuda":
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", str(gpu_index)],
-                                 capture_output=True, text=True, timeout=30)
-            name = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
-        except (OSError, subprocess.TimeoutExpired, IndexError):
-            name = ""
+        name = _gpu_names.get(gpu_index, "")
+        if not name:
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", str(gpu_index)],
+                                     capture_output=True, text=True, timeout=30)
+                name = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+            except (OSError, subprocess.TimeoutExpired, IndexError):
+                name = ""
+            if name:
+                _gpu_names[gpu_index] = name
         return name or "cuda"
     model = platform.processor() or platform.machine()
     try:

@@ -278,6 +278,8 @@ class Evaluation:
             self.init_seed = opts.seed
             self.seeds = [opts.seed + 1 + k for k in range(opts.trials)]
         self.timings: dict[str, float] = {}
+        self.t_start = time.perf_counter()
+        self.marks: dict[str, float] = {}  # when each step of `_run` ended (s since its start)
         self.threads = opts.threads or _usable_cores()
         self.work = Path(tempfile.mkdtemp(prefix="eval-", dir=cache_dir("runs")))
         os.chmod(self.work, 0o755)
@@ -303,6 +305,9 @@ class Evaluation:
             sandboxed=self.opts.sandbox, reward_name=self.opts.reward_name,
             **{"flags": list(dict.fromkeys(self.flags)), **kw},
         )
+
+    def mark(self, step: str) -> None:
+        self.marks[step] = round(time.perf_counter() - self.t_start, 4)
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -781,9 +786,10 @@ class Evaluation:
             return self._run()
 
     def _run(self) -> R.EvalResult:
-        t_all = time.perf_counter()
+        t_all = self.t_start = time.perf_counter()
         try:
             violations = self.static_violations()
+            self.mark("static checks")
             if violations:
                 # The most specific rule first: "never calls the extension" is usually a consequence.
                 violations.sort(key=lambda v: v.rule == "no-extension-call")
@@ -797,9 +803,11 @@ class Evaluation:
             threading.Thread(target=_import_torch, daemon=True).start()
             self.take_spare()
             ref_thread = self.start_reference()
+            self.mark("reference started")
             t0 = time.perf_counter()
             built = self.build()
             self.timings["build"] = time.perf_counter() - t0
+            self.mark("built")
             if not built.ok:
                 ref_thread.join()
                 self.reference_outcome()  # a broken task is reported as such, even here
@@ -808,6 +816,7 @@ class Evaluation:
             # The candidate starts while the reference still computes its outputs; it waits
             # only for the inputs. Its profile phase waits for the device to be free.
             base_thread = self.plan_baseline()
+            self.mark("baselines planned")
             cand: dict[str, Any] = {}
             cand_thread = threading.Thread(
                 target=lambda: cand.update(zip(("run", "dir"), self.run_candidate(built.extensions), strict=True)),
@@ -815,12 +824,17 @@ class Evaluation:
             cand_thread.start()
             if base_thread is not None:
                 self.schedule_device(base_thread, cand_thread, ref_thread)
+                self.mark("baselines measured")
             cand_thread.join()
+            self.mark("candidate ended")
             ref_thread.join()
+            self.mark("reference ended")
             reference = self.reference_outcome()
             res = self.judge(cand["run"], cand["dir"], reference)
+            self.mark("outputs checked")
             if res.correct and self.opts.profile:
                 res = self.profile_verdict(res, cand["dir"])
+                self.mark("speed judged")
             res.details.setdefault("build_cached", built.cached)
             res.details.setdefault("rebuilt", built.rebuilt)
             for k, v in self.details_extra.items():
@@ -832,6 +846,7 @@ class Evaluation:
             ref_phases = (_read_json(self.work / "private" / "reference.json") or {}).get("phases_s")
             if isinstance(ref_phases, dict):
                 res.details.setdefault("reference_phases_s", ref_phases)
+            res.details.setdefault("evaluator_phases_s", self.marks)
             return res
         finally:
             self.timings["total"] = time.perf_counter() - t_all
