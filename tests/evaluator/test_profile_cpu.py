@@ -62,10 +62,19 @@ def test_profiled_solution_has_times_speedups_and_reward(tmp_path: Path) -> None
         assert 0 < sum(spent["round_parts"].values()) <= spent["rounds"], spent
         assert abs(sum(spent["calls_s"].values()) - spent["round_parts"]["calls"]) < 1e-3, spent
     assert res.details["candidate_measure_s"]["rounds"] < res.timings_s["profile"]
+    # when each step of the evaluation ended: in order, the baselines measured before the
+    # candidate's end (its timing waited for them), all within the evaluation's total
+    steps = res.details["evaluator_phases_s"]
+    assert list(steps) == ["static checks", "reference started", "built", "baselines planned",
+                           "baselines measured", "candidate ended", "reference ended", "outputs checked",
+                           "speed judged"], steps
+    assert list(steps.values()) == sorted(steps.values()) and steps["speed judged"] <= res.timings_s["total"]
+    assert steps["candidate ended"] - steps["baselines measured"] >= res.details["candidate_measure_s"]["rounds"]
     again = prof(tmp_path / "b", C.axpby(), task, drift_bound=10.0)  # CPU timing noise must not re-measure here
     assert again.details["baseline"] == "cached" and "baseline" not in again.timings_s
     assert "baseline_measure_s" not in again.details
     assert again.times_us["compile"] == res.times_us["compile"]  # the cached numbers
+    assert "baselines measured" not in again.details["evaluator_phases_s"]
 
 
 def test_slow_kernel_is_correct_but_earns_only_one(tmp_path: Path) -> None:
