@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,53 @@ for name, m in (("eager", ref), ("compile", compiled), ("candidate", new)):
 """
 
 
+class StackSampler:
+    """Where this process's threads are during a step, by sampling: every `every_s`, each
+    thread's innermost frame in cuda_agent's code, keyed by the thread's outermost cuda_agent
+    function (the evaluation's `_run`, a reference's or candidate's `go`, a spare's start).
+    What `evaluator_phases_s` leaves coarse (a wait of seconds between two marks) shows here
+    as the line it waited on."""
+
+    def __init__(self, every_s: float = 0.01) -> None:
+        self.every_s = every_s
+        self.counts: dict[tuple[str, str], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.every_s):
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                ours = []
+                f = frame
+                while f is not None:
+                    if f"{os.sep}cuda_agent{os.sep}" in f.f_code.co_filename:
+                        ours.append(f)
+                    f = f.f_back
+                if not ours:
+                    continue
+                inner, outer = ours[0], ours[-1]
+                if outer.f_code.co_name == "_serve":  # the service's accept loop: always there
+                    continue
+                key = (outer.f_code.co_name,
+                       f"{Path(inner.f_code.co_filename).name}:{inner.f_lineno} {inner.f_code.co_name}")
+                self.counts[key] = self.counts.get(key, 0) + 1
+
+    def report(self, top: int = 12) -> str:
+        rows = sorted(self.counts.items(), key=lambda kv: -kv[1])[:top]
+        return "\n".join(f"      {n * self.every_s:6.2f} s  {who:24s} at {where}" for (who, where), n in rows)
+
+
 def new_task_workspace(task: Path, sol: Path, tmp: Path, env: dict[str, str], py: str, device: str) -> Path:
     """A workspace for a task not seen yet (the benchmark's task, other sizes): nothing of it
     is cached, while the machine's caches (precompiled header, processes) are warm."""
@@ -194,7 +242,9 @@ def service_rows(ws: Path, env: dict[str, str], kernel: Path, repeats: int, py: 
                 kernel.write_text(kernel.read_text() + f"\n// service edit {label[:4]} {i} {time.time_ns()}\n")
                 comp.append(timed(["bash", "utils/compile.sh"], ws, s_env, "service: compile.sh")[0])
                 print_build(results[-1])
-                prof.append(timed([py, "-m", "utils.profiling"], ws, s_env, f"service: profiling, {label}")[0])
+                with StackSampler() as sampler:
+                    prof.append(timed([py, "-m", "utils.profiling"], ws, s_env, f"service: profiling, {label}")[0])
+                print("    where the service's threads were (sampled):\n" + sampler.report(), flush=True)
                 rec = results[-1]
                 if rec is not None and hasattr(rec, "timings_s"):
                     print("    timings_s:", rec.timings_s, "warm_start:", rec.details.get("warm_start"),
