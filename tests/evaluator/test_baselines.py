@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from cuda_agent.evaluator import baselines as BL
 
@@ -60,3 +63,23 @@ def test_drift_is_judged_by_the_device_probe_when_both_sides_have_one() -> None:
     assert BL.drifted(base, 115.0, None, bound=0.10)
     unprobed = BL.Baseline(eager=_stats(100.0), compile=_stats(80.0), measured_at=0.0)
     assert unprobed.probe_median is None and BL.drifted(unprobed, 115.0, 50.0, bound=0.10)
+
+
+def test_gpu_name_is_asked_once_and_a_failed_query_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache key's GPU name comes from nvidia-smi (no CUDA context in the evaluator),
+    once per process and GPU; an nvidia-smi that fails is asked again next time. Here a
+    stand-in nvidia-smi on PATH answers, counting its calls, and fails for GPU 9."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "$*" >> ' + str(calls) + '\n'
+                    'case "$*" in *"-i 9"*) exit 6;; esac\necho "NVIDIA Stand-in GPU"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(BL, "_gpu_names", {})
+    assert BL.device_name("cuda", 3) == "NVIDIA Stand-in GPU"
+    assert BL.device_name("cuda", 3) == "NVIDIA Stand-in GPU"
+    assert len(calls.read_text().splitlines()) == 1
+    assert BL.device_name("cuda", 9) == "cuda" and BL.device_name("cuda", 9) == "cuda"
+    assert len(calls.read_text().splitlines()) == 3  # the failed query was asked again
+    assert BL.device_name("cpu").startswith("cpu:")
