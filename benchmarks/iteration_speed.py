@@ -147,15 +147,14 @@ class StackSampler:
             for ident, frame in sys._current_frames().items():
                 if ident == me:
                     continue
-                ours = []
+                inner = outer = None
                 f = frame
                 while f is not None:
                     if f"{os.sep}cuda_agent{os.sep}" in f.f_code.co_filename:
-                        ours.append(f)
+                        inner, outer = inner or f, f
                     f = f.f_back
-                if not ours:
+                if inner is None or outer is None:
                     continue
-                inner, outer = ours[0], ours[-1]
                 if outer.f_code.co_name == "_serve":  # the service's accept loop: always there
                     continue
                 key = (outer.f_code.co_name,

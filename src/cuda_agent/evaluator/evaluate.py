@@ -786,7 +786,7 @@ class Evaluation:
             return self._run()
 
     def _run(self) -> R.EvalResult:
-        t_all = self.t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
         try:
             violations = self.static_violations()
             self.mark("static checks")
@@ -849,7 +849,7 @@ class Evaluation:
             res.details.setdefault("evaluator_phases_s", self.marks)
             return res
         finally:
-            self.timings["total"] = time.perf_counter() - t_all
+            self.timings["total"] = time.perf_counter() - self.t_start
             self.clean_up()
 
     def clean_up(self) -> None:
