@@ -47,8 +47,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # 3: the device probe is timed beside the subjects; 4: on the CPU, the timed processes keep
-# freed memory (no page faults per call; see `evaluate._python_env`)
-PROTOCOL_VERSION = 4
+# freed memory (no page faults per call; see `evaluate._python_env`); 5: CUDA device time
+# leaves out the profiler's range spans (`DEVICE_WORK`): baselines cached before counted them
+PROTOCOL_VERSION = 5
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported
 _rng = random.Random(os.urandom(16))  # private: not the global generators a candidate can seed
 # The profiler ranges around timed calls carry a name a candidate cannot know in advance,
