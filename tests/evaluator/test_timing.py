@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from cuda_agent import sandbox
@@ -139,6 +140,26 @@ def test_profiled_events_match_the_profilers_own_list() -> None:
         events = prof.events
 
     assert [e[:4] for e in timing.profiled_events(EventsOnly())] == theirs
+
+
+def test_the_profilers_activity_kinds_use_the_names_device_work_expects() -> None:
+    # `timing.DEVICE_WORK` keeps device events by Kineto's kind names ("kernel",
+    # "gpu_memcpy", "gpu_memset"; a range's device span is "gpu_user_annotation"). A torch
+    # that names kinds (2.13 does; 2.11 has no activity_type and is filtered by
+    # is_user_annotation) names host events in the same vocabulary, checked here.
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    a = torch.randn(4096)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("a_range"):
+            a * 2
+    events = list(prof.profiler.kineto_results.events())
+    if not hasattr(events[0], "activity_type"):
+        pytest.skip("this torch's profiler events have no activity_type")
+    kinds = {e.name(): e.activity_type() for e in events}
+    assert kinds["a_range"] == "user_annotation" and kinds["aten::mul"] == "cpu_op", kinds
+    # host events are all kept (only device events are filtered)
+    assert [e[0] for e in timing.profiled_events(prof)].count("a_range") == 1
 
 
 def test_loose_subjects_need_only_the_loose_interval() -> None:
