@@ -13,7 +13,6 @@ The local pool (threads that drive sandboxed evaluator processes) is the default
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import queue
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from cuda_agent.bench.records import ERROR, MISSING, BenchRecord, ResultsFile, from_eval, latest
 from cuda_agent.bench.suite import Entry, find_solution
+from cuda_agent.machine import usable_cores
 
 Job = tuple[Entry, Path | None]
 
@@ -64,18 +64,11 @@ class Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
-
-
 def slots_for(cfg: BenchConfig) -> list[Slot]:
     if cfg.device == "cuda":
         return [Slot(f"gpu{g}", g, None) for g in cfg.gpus]
     n = max(1, cfg.workers)
-    per = max(1, _cores() // n)
+    per = max(1, usable_cores() // n)
     return [Slot(f"cpu{i}", None, per) for i in range(n)]
 
 
@@ -179,7 +172,7 @@ def run_local(jobs: list[Job], cfg: BenchConfig, out: Path, results: ResultsFile
 
     def feed() -> None:
         if overlap and cfg.agent is None:
-            n = cfg.build_workers or max(1, _cores() // 2)
+            n = cfg.build_workers or max(1, usable_cores() // 2)
             with cf.ThreadPoolExecutor(n, thread_name_prefix="cuda-agent-build") as pool:
                 futs = {pool.submit(_prebuild, e, s, cfg): (e, s) for e, s in jobs if s is not None}
                 for e, s in jobs:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 import torch
 
 from cuda_agent.evaluator import record as R
+from cuda_agent.machine import usable_cores
 
 
 @dataclass
@@ -37,11 +37,7 @@ def few_threads() -> Iterator[None]:
     machine). The lock keeps two evaluations' comparisons from restoring each other's count."""
     with _threads_lock:
         before = torch.get_num_threads()
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-        want = max(1, min(before, cores // 4, 4))
+        want = max(1, min(before, usable_cores() // 4, 4))
         if want != before:
             torch.set_num_threads(want)
         try:

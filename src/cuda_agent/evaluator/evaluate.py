@@ -38,6 +38,7 @@ from cuda_agent.evaluator import speed, timing, warm
 from cuda_agent.evaluator.reward import Speeds, reward
 from cuda_agent.evaluator.solution import SINGLE_FILE, WORKSPACE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
+from cuda_agent.machine import usable_cores as _usable_cores
 from cuda_agent.paths import cache_dir, private_slot, short_hash
 from cuda_agent.tasks import Task, TaskError
 
@@ -143,13 +144,6 @@ def _python_env(device: str, threads: int | None = None) -> dict[str, str]:
     # start one per core, and several sandboxes at once would race for them).
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return env
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
