@@ -99,8 +99,8 @@ def drifted(cached: Baseline, eager_now_us: float, probe_now_us: float | None = 
     (or `bound`, if larger) off (a stale entry). Without a probe on either side, eager against `bound`.
 
     Eager alone is a poor probe: on a 10 us task on the H200 its device time ranged from
-    25 to 42 us between processes (before protocol 5: see `timing.DEVICE_WORK`) while torch.compile and the candidate stayed within a
-    fraction of a percent, so comparing eager with `bound` re-measured the baselines on
+    25 to 42 us between processes (before protocol 5: see `timing.DEVICE_WORK`) while
+    torch.compile and the candidate stayed within a fraction of a percent, so comparing eager with `bound` re-measured the baselines on
     most evaluations of such tasks (and, through the scale in `speed`, cut speedups by
     up to a third)."""
     ref = cached.eager_median
