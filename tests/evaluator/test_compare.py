@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import rules
 from cuda_agent.evaluator.compare import compare_outputs, compare_tensors, few_threads
 
 INF, NAN = math.inf, math.nan
@@ -21,10 +21,10 @@ def _rule_by_element(exp: list[float], got: list[float], atol: float, rtol: floa
     |exp - got| <= atol + rtol * |exp| where both are finite."""
     for e, g in zip(exp, got, strict=True):
         if math.isnan(e) != math.isnan(g) or (e == INF) != (g == INF) or (e == -INF) != (g == -INF):
-            return R.RULE_NONFINITE
+            return rules.NONFINITE
     for e, g in zip(exp, got, strict=True):
         if math.isfinite(e) and math.isfinite(g) and abs(e - g) > atol + rtol * abs(e):
-            return R.RULE_VALUES
+            return rules.VALUES
     return None
 
 
@@ -49,14 +49,14 @@ def test_random_cases_agree_with_the_rule_element_by_element(dtype: torch.dtype)
 def test_inf_in_the_reference_is_not_matched_by_a_finite_value() -> None:
     # the reference's Inf gives an infinite tolerance there; a finite answer must still fail
     m = compare_tensors("out", torch.tensor([1.0, INF]), torch.tensor([1.0, 5.0]), 1e-2, 1e-2)
-    assert m is not None and m.rule == R.RULE_NONFINITE and "lacks +Inf at index (1,)" in m.message
+    assert m is not None and m.rule == rules.NONFINITE and "lacks +Inf at index (1,)" in m.message
     assert compare_tensors("out", torch.tensor([INF, -INF, NAN]), torch.tensor([INF, -INF, NAN]), 0, 0) is None
 
 
 def test_an_overflowing_difference_is_still_judged() -> None:
     big = torch.tensor([1.7e308, -1.7e308], dtype=torch.float64)
     m = compare_tensors("out", big, -big, 1e-2, 1e-2)
-    assert m is not None and m.rule == R.RULE_VALUES and "2 of 2 elements" in m.message
+    assert m is not None and m.rule == rules.VALUES and "2 of 2 elements" in m.message
     assert compare_tensors("out", big, big.clone(), 0, 0) is None
 
 
@@ -67,7 +67,7 @@ def test_large_outputs_name_the_first_mismatch_and_the_count() -> None:
     got[3, 5] += 1.0
     got[200, 7] -= 1.0
     m = compare_outputs((exp,), (got,), 1e-2, 1e-2)
-    assert m is not None and m.rule == R.RULE_VALUES
+    assert m is not None and m.rule == rules.VALUES
     assert m.message.startswith("output[0] mismatch at index (3, 5)") and "2 of 1048576 elements" in m.message
 
 

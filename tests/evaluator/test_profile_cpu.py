@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from cuda_agent.evaluator import record as R
-from cuda_agent.evaluator import timing
+from cuda_agent.evaluator import rules, timing
 from cuda_agent.evaluator.reward import DEFAULT_THRESHOLD
 from cuda_agent.paths import cache_dir
 from cuda_agent.tasks import compute_task_id
@@ -163,7 +163,7 @@ def test_uninitialised_output_after_verification_is_incorrect(tmp_path: Path) ->
         "if self.calls <= 5:\n    return cuda_extension.axpby(a, b, self.alpha)\n"
         "return torch.empty_like(a)", init="        self.calls = 0")
     res = prof(tmp_path, C.axpby(cheat), static_checks=False)
-    assert res.status == "incorrect" and res.rule == R.RULE_TIMED_OUTPUT and res.reward == -1.0, res.message
+    assert res.status == "incorrect" and res.rule == rules.TIMED_OUTPUT and res.reward == -1.0, res.message
 
 
 def test_patched_clock_changes_nothing(tmp_path: Path) -> None:

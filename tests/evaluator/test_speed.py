@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cuda_agent.evaluator import record as R
-from cuda_agent.evaluator import speed
+from cuda_agent.evaluator import rules, speed
 
 
 def summary(device_us: float, wall_us: float | None = None, *, rel_ci: float = 0.001,
@@ -60,19 +60,19 @@ def test_flags_for_wide_intervals_and_implausible_speedups() -> None:
 
 def test_host_work_shows_as_a_wall_time_gap() -> None:
     out = speed.judge(summary(20.0, wall_us=900.0), EAGER, EAGER, COMPILE, "cuda")
-    assert out.rejected and out.rejected[0] == R.RULE_WALL_GAP
+    assert out.rejected and out.rejected[0] == rules.WALL_GAP
     assert speed.judge(summary(20.0, wall_us=900.0), EAGER, EAGER, COMPILE, "cpu").rejected is None
 
 
 def test_no_gpu_work_and_work_on_another_stream_are_rejected() -> None:
-    assert speed.judge(summary(0.0, wall_us=30.0), EAGER, EAGER, COMPILE, "cuda").rejected[0] == R.RULE_NO_DEVICE_WORK
+    assert speed.judge(summary(0.0, wall_us=30.0), EAGER, EAGER, COMPILE, "cuda").rejected[0] == rules.NO_DEVICE_WORK
     out = speed.judge(summary(50.0, streams=(7, 13)), EAGER, EAGER, COMPILE, "cuda")
-    assert out.rejected and out.rejected[0] == R.RULE_STREAM and "13" in out.rejected[1]
+    assert out.rejected and out.rejected[0] == rules.STREAM and "13" in out.rejected[1]
 
 
 def test_time_in_pytorch_kernels_is_rejected_or_flagged() -> None:
     mostly_torch = summary(50.0, kernels={"at::native::reduce_kernel<...>": 2000, "my_kernel": 500})
-    assert speed.judge(mostly_torch, EAGER, EAGER, COMPILE, "cuda").rejected[0] == R.RULE_FOREIGN_KERNELS
+    assert speed.judge(mostly_torch, EAGER, EAGER, COMPILE, "cuda").rejected[0] == rules.FOREIGN_KERNELS
     some_torch = summary(50.0, kernels={"at::native::reduce_kernel<...>": 400, "my_kernel": 2100, "sgemm_128x64": 10})
     out = speed.judge(some_torch, EAGER, EAGER, COMPILE, "cuda")
     assert out.rejected is None and R.FLAG_TORCH_KERNELS in out.flags
@@ -86,7 +86,7 @@ def test_faster_than_memory_bandwidth_is_rejected() -> None:
     assert ok.rejected is None and 3000 < ok.details["implied_gbps"] < 3500
     out = speed.judge(summary(40.0), summary(400.0), summary(400.0), summary(130.0), "cuda",
                       io_bytes=mb, bandwidth_gbps=4000.0)
-    assert out.rejected and out.rejected[0] == R.RULE_BANDWIDTH and "GB/s" in out.rejected[1]
+    assert out.rejected and out.rejected[0] == rules.BANDWIDTH and "GB/s" in out.rejected[1]
     # When the baselines are "too fast" as well, the task reads less than all of its inputs: flag only.
     both = speed.judge(summary(40.0), summary(60.0), summary(60.0), summary(50.0), "cuda",
                        io_bytes=mb, bandwidth_gbps=4000.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.evaluator import record as R
-from cuda_agent.evaluator import timing
+from cuda_agent.evaluator import rules, timing
 
 from . import cases_cuda as C
 from .test_evaluate_cuda import run
@@ -67,7 +67,7 @@ def test_chain_in_three_passes_is_faster_than_eager_only(tmp_path: Path) -> None
 
 def test_work_escaping_to_a_side_stream_after_verification_is_rejected(tmp_path: Path) -> None:
     res = prof(tmp_path, C.AXPBY_TASK, C.LATE_SIDE_STREAM, static_checks=False)
-    assert res.status == "rejected" and res.rule == R.RULE_STREAM, res.message
+    assert res.status == "rejected" and res.rule == rules.STREAM, res.message
 
 
 def test_device_time_is_the_kernels_not_the_profilers_range_spans() -> None:
@@ -101,7 +101,7 @@ def test_host_computation_gains_nothing(tmp_path: Path) -> None:
     # must reject it instead.
     res = prof(tmp_path, C.AXPBY_TASK, C.HOST_COMPUTE, static_checks=False)
     if res.status == "rejected":
-        assert res.rule == R.RULE_WALL_GAP, res.message
+        assert res.rule == rules.WALL_GAP, res.message
     else:
         assert res.status == "ok" and res.reward <= 1.0 and res.speedup_vs_eager < 1.0, res.message
         kernels = res.details.get("kernels", {}).get("candidate")
@@ -131,8 +131,8 @@ def test_spares_give_the_same_verdicts_on_the_gpu(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(warm, "POOL", pool)
     try:
         prof(tmp_path / "0", C.AXPBY_TASK, C.AXPBY, warm=True)  # leaves the first spare
-        cases = [("ok", C.AXPBY, None), ("rejected", C.LATE_SIDE_STREAM, R.RULE_STREAM)]
-        cases += [(st, files, rule) for files, st, rule in [C.CHEATS[n] for n in sorted(C.CHEATS)] if rule == R.RULE_STREAM]
+        cases = [("ok", C.AXPBY, None), ("rejected", C.LATE_SIDE_STREAM, rules.STREAM)]
+        cases += [(st, files, rule) for files, st, rule in [C.CHEATS[n] for n in sorted(C.CHEATS)] if rule == rules.STREAM]
         for k, (status, files, rule) in enumerate(cases):
             assert pool.wait_all_ready(120)
             res = prof(tmp_path / str(k + 1), C.AXPBY_TASK, files, warm=True, static_checks=False)

@@ -10,7 +10,6 @@ measured again.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import time
@@ -19,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.files import atomic_write
 from cuda_agent.paths import cache_dir, short_hash
 
 
@@ -82,9 +82,7 @@ def store(key: BaselineKey, eager: dict[str, Any], compile: dict[str, Any], root
     base = Baseline(eager=eager, compile=compile, measured_at=time.time(), extra=dict(extra or {}))
     path = _path(key, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"key": asdict(key), **asdict(base)}))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"key": asdict(key), **asdict(base)}))
     return base
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from cuda_agent import sandbox
 from cuda_agent.evaluator.compiler_output import trim_compiler_output
 from cuda_agent.evaluator.solution import COMPILED_SUFFIXES, Solution
+from cuda_agent.files import atomic_copy, atomic_write
 from cuda_agent.paths import TEMPLATES, cache_dir, short_hash
 
 BUILD_PROTOCOL = "3"  # 2: the fastest linker the compiler driver can use; 3: probed on a C++ link, GNU ld behind it
@@ -335,9 +336,7 @@ def toolchain(device: str, arch: str | None = None) -> Toolchain:
     except (OSError, ValueError, TypeError):
         pass
     tc = _make_toolchain(device, arch)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(vars(tc)))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(vars(tc)))
     return tc
 
 
@@ -688,9 +687,7 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
             msg = trim_compiler_output(log, strip_prefixes=["../src/", str(src_dir) + "/", str(obj_dir) + "/"])
             return BuildResult(ok=False, module_name=spec.name, so_path=None, log=log, duration_s=dt,
                                build_dir=build_dir, message=(msg or run.describe()) + note, rebuilt=rebuilt)
-        tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        shutil.copy2(so, tmp)
-        os.replace(tmp, cached)
+        atomic_copy(so, cached)
         origin.write_text(str(build_dir))
     return BuildResult(ok=True, module_name=spec.name, so_path=cached, log=log, duration_s=dt,
                        build_dir=build_dir, rebuilt=rebuilt,

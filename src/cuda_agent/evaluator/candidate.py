@@ -151,7 +151,7 @@ def main(spec_path: str) -> int:
         import torch  # noqa: F401  (imported before any candidate code)
 
         # timing binds its clocks here, before any candidate code
-        from cuda_agent.evaluator import guards, timing
+        from cuda_agent.evaluator import guards, rules, timing
         from cuda_agent.evaluator.tensors import describe, seed_all, tensors, to_device, tree_map
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
@@ -200,7 +200,7 @@ def main(spec_path: str) -> int:
                           traceback=traceback.format_exc(limit=6)[-3000:])
         ModelNew = getattr(model_new, "ModelNew", None)
         if not isinstance(ModelNew, type) or not issubclass(ModelNew, torch.nn.Module):
-            return finish(error="rejected", rule="missing-modelnew",
+            return finish(error="rejected", rule=rules.MISSING_MODELNEW,
                           message="model_new.py defines no class ModelNew(nn.Module).")
 
         _progress("wait for reference inputs")
@@ -231,7 +231,7 @@ def main(spec_path: str) -> int:
                 parts.append(f"not in Model: {', '.join(unexpected[:8])}")
             if shapes:
                 parts.append("shape mismatch: " + "; ".join(shapes[:4]))
-            return finish(error="incorrect", rule="parameter-mismatch",
+            return finish(error="incorrect", rule=rules.PARAMETERS,
                           message="ModelNew's parameters do not match Model's state_dict (" + "; ".join(parts)
                           + "). Keep the same parameters and buffers, with the same names and shapes.")
         model.load_state_dict(state, strict=True)
@@ -280,7 +280,7 @@ def main(spec_path: str) -> int:
             (out / "report.json").write_text(json.dumps(report))
             streams = trial.get("streams") or {}
             if streams.get("foreign"):
-                trial["guard"] = ("non-current-stream",
+                trial["guard"] = (rules.STREAM,
                                   f"kernels ran on a stream other than the current one ({', '.join(streams['foreign'][:3])}); "
                                   "launch all work on c10::cuda::getCurrentCUDAStream() so callers can wait for it.")
             if trial["guard"] or aliases or mutated or not exact or g.extension_calls == 0:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import rules
 from cuda_agent.machine import usable_cores
 
 
@@ -59,16 +59,16 @@ def _all_close(e: torch.Tensor, g: torch.Tensor, atol: float, rtol: float) -> bo
 
 def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> Mismatch | None:
     if tuple(exp.shape) != tuple(got.shape):
-        return Mismatch(R.RULE_SHAPE, f"{path} has shape {list(got.shape)}, expected {list(exp.shape)}.")
+        return Mismatch(rules.SHAPE, f"{path} has shape {list(got.shape)}, expected {list(exp.shape)}.")
     if exp.dtype != got.dtype:
-        return Mismatch(R.RULE_DTYPE, f"{path} has dtype {got.dtype}, expected {exp.dtype}.")
+        return Mismatch(rules.DTYPE, f"{path} has dtype {got.dtype}, expected {exp.dtype}.")
     if exp.numel() == 0:
         return None
     if exp.dtype == torch.bool or not (exp.is_floating_point() or exp.is_complex()):
         bad = exp != got
         if bad.any():
             idx = tuple(int(i) for i in bad.nonzero()[0])
-            return Mismatch(R.RULE_VALUES, f"{path} differs at index {idx}: expected {exp[idx].item()}, "
+            return Mismatch(rules.VALUES, f"{path} differs at index {idx}: expected {exp[idx].item()}, "
                             f"got {got[idx].item()} ({int(bad.sum())} of {exp.numel()} elements differ).")
         return None
     e = exp.to(torch.float64) if not exp.is_complex() else exp.to(torch.complex128)
@@ -82,7 +82,7 @@ def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float
             bad = me != mg
             idx = tuple(int(i) for i in bad.nonzero()[0])
             where = "has" if bool(mg[idx]) else "lacks"
-            return Mismatch(R.RULE_NONFINITE, f"{path} {where} {name} at index {idx} where the reference "
+            return Mismatch(rules.NONFINITE, f"{path} {where} {name} at index {idx} where the reference "
                             f"has {_fmt(e[idx].item()) if not e.is_complex() else e[idx].item()} "
                             f"({int(bad.sum())} of {e.numel()} elements disagree on {name}).")
     finite = torch.isfinite(e) & torch.isfinite(g)
@@ -93,7 +93,7 @@ def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float
         idx = tuple(int(i) for i in bad.nonzero()[0])
         n = int(bad.sum())
         maxd = float(diff[finite].max())
-        return Mismatch(R.RULE_VALUES, (
+        return Mismatch(rules.VALUES, (
             f"{path} mismatch at index {idx}: expected {_fmt(e[idx].real.item())}, got {_fmt(g[idx].real.item())} "
             f"(|diff| {_fmt(diff[idx].item())} > atol {atol:g} + rtol {rtol:g} * |expected|); "
             f"{n} of {e.numel()} elements ({100.0 * n / e.numel():.3g}%) out of tolerance, max |diff| {_fmt(maxd)}."
@@ -110,13 +110,13 @@ def compare_outputs(exp: Any, got: Any, atol: float, rtol: float, path: str = "o
 def _compare(exp: Any, got: Any, atol: float, rtol: float, path: str) -> Mismatch | None:
     if isinstance(exp, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return Mismatch(R.RULE_STRUCTURE, f"{path} is {type(got).__name__}, expected a tensor.")
+            return Mismatch(rules.STRUCTURE, f"{path} is {type(got).__name__}, expected a tensor.")
         return compare_tensors(path, exp, got, atol, rtol)
     if isinstance(exp, (list, tuple)):
         if not isinstance(got, (list, tuple)) or type(got) is not type(exp):
-            return Mismatch(R.RULE_STRUCTURE, f"{path} is {type(got).__name__}, expected {type(exp).__name__}.")
+            return Mismatch(rules.STRUCTURE, f"{path} is {type(got).__name__}, expected {type(exp).__name__}.")
         if len(got) != len(exp):
-            return Mismatch(R.RULE_STRUCTURE, f"{path} has {len(got)} items, expected {len(exp)}.")
+            return Mismatch(rules.STRUCTURE, f"{path} has {len(got)} items, expected {len(exp)}.")
         for i, (a, b) in enumerate(zip(exp, got, strict=True)):
             m = _compare(a, b, atol, rtol, f"{path}[{i}]")
             if m:
@@ -124,7 +124,7 @@ def _compare(exp: Any, got: Any, atol: float, rtol: float, path: str) -> Mismatc
         return None
     if isinstance(exp, dict):
         if not isinstance(got, dict) or set(got) != set(exp):
-            return Mismatch(R.RULE_STRUCTURE, f"{path} has keys {sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__}, expected {sorted(map(str, exp))}.")
+            return Mismatch(rules.STRUCTURE, f"{path} has keys {sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__}, expected {sorted(map(str, exp))}.")
         for key in exp:
             m = _compare(exp[key], got[key], atol, rtol, f"{path}[{key!r}]")
             if m:
@@ -132,10 +132,10 @@ def _compare(exp: Any, got: Any, atol: float, rtol: float, path: str) -> Mismatc
         return None
     if isinstance(exp, float) and isinstance(got, (int, float)):
         if abs(exp - got) > atol + rtol * abs(exp):
-            return Mismatch(R.RULE_VALUES, f"{path} is {got}, expected {exp}.")
+            return Mismatch(rules.VALUES, f"{path} is {got}, expected {exp}.")
         return None
     if exp != got or type(exp) is not type(got):
-        return Mismatch(R.RULE_STRUCTURE, f"{path} is {got!r}, expected {exp!r}.")
+        return Mismatch(rules.STRUCTURE, f"{path} is {got!r}, expected {exp!r}.")
     return None
 
 
@@ -144,7 +144,7 @@ def compare_devices(exp_struct: Any, got_struct: Any, path: str = "output") -> M
     if isinstance(exp_struct, dict) and exp_struct.get("kind") == "tensor":
         if isinstance(got_struct, dict) and got_struct.get("kind") == "tensor":
             if exp_struct["device"] != got_struct["device"]:
-                return Mismatch(R.RULE_DEVICE, f"{path} is on {got_struct['device']}, expected {exp_struct['device']}.")
+                return Mismatch(rules.DEVICE, f"{path} is on {got_struct['device']}, expected {exp_struct['device']}.")
         return None
     if isinstance(exp_struct, dict) and isinstance(got_struct, dict):
         ei, gi = exp_struct.get("items"), got_struct.get("items")

@@ -34,10 +34,11 @@ from cuda_agent import sandbox
 from cuda_agent.evaluator import baselines as BL
 from cuda_agent.evaluator import build as B
 from cuda_agent.evaluator import record as R
-from cuda_agent.evaluator import speed, timing, warm
+from cuda_agent.evaluator import rules, speed, timing, warm
 from cuda_agent.evaluator.reward import Speeds, reward
 from cuda_agent.evaluator.solution import SINGLE_FILE, WORKSPACE, Solution
 from cuda_agent.evaluator.static_checks import check_solution
+from cuda_agent.files import atomic_write
 from cuda_agent.machine import usable_cores as _usable_cores
 from cuda_agent.paths import cache_dir, private_slot, short_hash
 from cuda_agent.tasks import Task, TaskError
@@ -342,7 +343,7 @@ class Evaluation:
         spec = {"task_path": str(task_path), "task_name": self.task.name, "shared_dir": str(shared),
                 "private_dir": str(private), "device": self.device, "seeds": self.seeds,
                 "init_seed": self.init_seed}
-        warm.publish(private / "reference_spec.json", json.dumps(spec))
+        atomic_write(private / "reference_spec.json", json.dumps(spec))
         self.reference_run: sandbox.RunResult | None = None
         proc, spare = self.start_process("reference", self.opts.run_timeout_s)
 
@@ -422,7 +423,7 @@ class Evaluation:
             return BuildOutcome(ok=False, status=R.RUNTIME_ERROR,
                                 message=f"model_new.py failed before calling load_inline: {data.get('error')}")
         if not calls:
-            return BuildOutcome(ok=False, status=R.REJECTED, rule=R.RULE_NO_EXTENSION,
+            return BuildOutcome(ok=False, status=R.REJECTED, rule=rules.NO_EXTENSION,
                                 message="model_new.py never calls load_inline, so it builds no extension.")
         return [B.inline_extension(c, self.device) for c in calls if isinstance(c, dict)]
 
@@ -452,7 +453,7 @@ class Evaluation:
             spec["profile"] = {"task_path": str(self.task_copy), "gate_dir": str(self.gate("candidate")),
                                "protocol": dataclasses.asdict(self.opts.protocol),
                                "gate_timeout_s": self.opts.run_timeout_s}
-        warm.publish(self.work / "cin" / "candidate_spec.json", json.dumps(spec))
+        atomic_write(self.work / "cin" / "candidate_spec.json", json.dumps(spec))
         timeout = self.opts.run_timeout_s * (2 if self.gated else 1)
         t0 = time.perf_counter()
         proc, spare = self.start_process("candidate", timeout)
@@ -517,7 +518,7 @@ class Evaluation:
         if spare is not None:
             proc = spare.procs.pop("baseline")
             proc.deadline.set_in(timeout)
-        warm.publish(out / "spec.json", json.dumps(spec))
+        atomic_write(out / "spec.json", json.dumps(spec))
         if spare is None:
             proc = _baseline_proc(base, self.opts, self.device, self.threads, timeout)
         self.baseline_proc = proc
@@ -630,7 +631,7 @@ class Evaluation:
         missing = sorted(set(range(self.opts.trials)) - set(prof.get("timed_outputs", [])))
         if missing:
             return self.result(R.INCORRECT, f"the check calls made while timing returned no output for trial "
-                               f"{missing[0] + 1}'s inputs.", rule=R.RULE_TIMED_OUTPUT, trials_passed=res.trials_passed)
+                               f"{missing[0] + 1}'s inputs.", rule=rules.TIMED_OUTPUT, trials_passed=res.trials_passed)
         for k in prof.get("timed_outputs", []):
             try:
                 expected = torch.load(self.work / "private" / f"expected_{k}.pt", weights_only=True)
@@ -642,7 +643,7 @@ class Evaluation:
             if m:
                 return self.result(R.INCORRECT, f"a timed call on trial {k + 1}'s inputs returned a wrong result "
                                    f"({m.message}); every call must compute its output from its inputs (no "
-                                   "caching of earlier results).", rule=R.RULE_TIMED_OUTPUT,
+                                   "caching of earlier results).", rule=rules.TIMED_OUTPUT,
                                    trials_passed=res.trials_passed)
         eager_now, probe_now = prof["eager"], prof.get(timing.PROBE)
         probe_now_us = probe_now["device"]["median_us"] if isinstance(probe_now, dict) else None
@@ -733,18 +734,18 @@ class Evaluation:
             if trial.get("extension_calls", 0) == 0:
                 return self.result(R.REJECTED, f"{label}: ModelNew.forward never called into the compiled "
                                    "extension; the work must be done by your kernels.",
-                                   rule=R.RULE_NO_EXTENSION, trials_passed=passed)
+                                   rule=rules.NO_EXTENSION, trials_passed=passed)
             if not trial.get("exact_types", False):
                 return self.result(R.REJECTED, f"{label}: outputs must be plain torch.Tensor objects, got "
-                                   f"{_types(trial.get('structure'))}.", rule=R.RULE_OUTPUT_TYPE,
+                                   f"{_types(trial.get('structure'))}.", rule=rules.OUTPUT_TYPE,
                                    trials_passed=passed)
             if trial.get("aliases"):
                 return self.result(R.REJECTED, f"{label}: {trial['aliases'][0]}; outputs must be new tensors, "
-                                   "not views of inputs.", rule=R.RULE_OUTPUT_ALIAS, trials_passed=passed)
+                                   "not views of inputs.", rule=rules.OUTPUT_ALIAS, trials_passed=passed)
             if trial.get("mutated_inputs"):
                 return self.result(R.REJECTED, f"{label}: ModelNew changed its input "
                                    f"{trial['mutated_inputs'][0]}; inputs must be left as they were.",
-                                   rule=R.RULE_INPUT_MUTATION, trials_passed=passed)
+                                   rule=rules.INPUT_MUTATION, trials_passed=passed)
             if k < len(structures):
                 m = compare_devices(structures[k], trial.get("structure"))
                 if m:
@@ -786,10 +787,10 @@ class Evaluation:
             self.mark("static checks")
             if violations:
                 # The most specific rule first: "never calls the extension" is usually a consequence.
-                violations.sort(key=lambda v: v.rule == "no-extension-call")
+                violations.sort(key=lambda v: v.rule == rules.NO_EXTENSION)
                 first = violations[0]
                 more = f" ({len(violations) - 1} more)" if len(violations) > 1 else ""
-                status = R.COMPILE_ERROR if first.rule == "syntax-error" else R.REJECTED
+                status = R.COMPILE_ERROR if first.rule == rules.SYNTAX else R.REJECTED
                 return self.result(status, str(first) + more, rule=first.rule,
                                    details={"violations": [str(v) for v in violations]})
             # The verdict needs torch here (torch.load of outputs): import it while the

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cuda_agent.evaluator import rules
+
 # Allocation, views, metadata and plain data movement. Everything else is compute.
 ALLOWED_OPS = frozenset(
     """
@@ -50,12 +52,12 @@ class GuardReport:
 
     def first_violation(self) -> tuple[str, str] | None:
         if self.functional_calls:
-            return ("functional-call",
+            return (rules.FUNCTIONAL,
                     f"torch.nn.functional.{self.functional_calls[0]} was called during ModelNew.forward; "
                     "the rules forbid torch compute in model_new.py: implement it as a kernel.")
         if self.compute_ops:
             ops = sorted(set(self.compute_ops))
-            return ("torch-compute-op",
+            return (rules.TORCH_COMPUTE,
                     f"torch compute operator {self.compute_ops[0]} ran during ModelNew.forward "
                     f"(all: {', '.join(ops[:8])}); only allocation, views and the extension's own "
                     "kernels are allowed, in Python and in the C++ binding alike.")

@@ -17,28 +17,6 @@ RUNTIME_ERROR = "runtime_error"
 TIMEOUT = "timeout"
 STATUSES = (OK, COMPILE_ERROR, INCORRECT, REJECTED, RUNTIME_ERROR, TIMEOUT)
 
-# Names of the rules a candidate can break; a verdict's `rule` is one of these or a
-# static-check rule name from `static_checks`.
-RULE_PARAMETERS = "parameter-mismatch"
-RULE_INPUT_MUTATION = "input-mutation"
-RULE_OUTPUT_TYPE = "output-type"
-RULE_OUTPUT_ALIAS = "output-aliases-input"
-RULE_FUNCTIONAL = "functional-call"
-RULE_TORCH_COMPUTE = "torch-compute-op"
-RULE_NO_EXTENSION = "no-extension-call"
-RULE_STRUCTURE = "output-structure"
-RULE_SHAPE = "output-shape"
-RULE_DTYPE = "output-dtype"
-RULE_DEVICE = "output-device"
-RULE_VALUES = "output-values"
-RULE_NONFINITE = "nonfinite-mismatch"
-RULE_STREAM = "non-current-stream"
-RULE_TIMED_OUTPUT = "timed-output-mismatch"
-RULE_WALL_GAP = "wall-time-gap"
-RULE_FOREIGN_KERNELS = "device-time-not-in-extension"
-RULE_NO_DEVICE_WORK = "no-device-work"
-RULE_BANDWIDTH = "faster-than-memory-bandwidth"
-
 # Flags: facts about a result worth a look; they do not change the verdict.
 FLAG_OVER_10X = "speedup-over-10x"
 FLAG_REMEASURED = "baselines-remeasured"

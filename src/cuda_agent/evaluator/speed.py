@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import rules
 
 # Kernel names from PyTorch itself (ATen, c10), from vendor libraries, and memory traffic.
 _TORCH = re.compile(r"\bat::|\bc10::|\bat_cuda_detail::|\btriton_|\bvectorized_elementwise_kernel|"
@@ -127,12 +128,12 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
         return out
 
     if c_dev <= 0:
-        out.rejected = (R.RULE_NO_DEVICE_WORK, f"no GPU work was seen during the timed calls (wall time "
+        out.rejected = (rules.NO_DEVICE_WORK, f"no GPU work was seen during the timed calls (wall time "
                         f"{c_wall:.1f} us); the computation must run in your CUDA kernels.")
         return out
     own, theirs = set(candidate.get("streams") or []), set(eager_now.get("streams") or [])
     if len(theirs) == 1 and own - theirs:
-        out.rejected = (R.RULE_STREAM, f"during the timed calls GPU work ran on stream(s) "
+        out.rejected = (rules.STREAM, f"during the timed calls GPU work ran on stream(s) "
                         f"{sorted(own - theirs)}, not on the current stream {sorted(theirs)[0]}; launch all work "
                         "on c10::cuda::getCurrentCUDAStream() so callers can wait for it.")
         return out
@@ -144,7 +145,7 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
             if baseline_gbps > bandwidth_gbps:
                 out.flags.append(R.FLAG_OVER_BANDWIDTH)  # the baselines read less than all inputs, too
             else:
-                out.rejected = (R.RULE_BANDWIDTH, f"{io_bytes / 1e6:.2f} MB of inputs and outputs in {c_dev:.2f} us "
+                out.rejected = (rules.BANDWIDTH, f"{io_bytes / 1e6:.2f} MB of inputs and outputs in {c_dev:.2f} us "
                                 f"is {implied:.0f} GB/s, more than the device's memory can move "
                                 f"({bandwidth_gbps:.0f} GB/s measured); the timed calls cannot have done the work.")
                 return out
@@ -152,7 +153,7 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
     ref_gap = max(e_wall - e_dev, b_e_wall - b_e_dev, b_c_wall - b_c_dev, 0.0)
     out.details["host_gap_us"] = {"candidate": round(gap, 2), "baselines": round(ref_gap, 2)}
     if gap > WALL_GAP_FACTOR * ref_gap + WALL_GAP_SLACK_US and c_wall > 1.5 * c_dev:
-        out.rejected = (R.RULE_WALL_GAP, f"each call takes {c_wall:.1f} us of wall time but only {c_dev:.1f} us "
+        out.rejected = (rules.WALL_GAP, f"each call takes {c_wall:.1f} us of wall time but only {c_dev:.1f} us "
                         f"of GPU time; the baselines' gap is {ref_gap:.1f} us. Work done on the host, in "
                         "another thread or outside the profiled stream does not count: do it in your kernels.")
         return out
@@ -165,7 +166,7 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
     if torch_share > TORCH_SHARE_REJECT:
         top = [n for n, _ in sorted((candidate.get("kernels") or {}).items(), key=lambda kv: -kv[1].get("us", 0))
                if kernel_kind(n) == "torch"][:3]
-        out.rejected = (R.RULE_FOREIGN_KERNELS, f"{torch_share:.0%} of the candidate's GPU time is spent in "
+        out.rejected = (rules.FOREIGN_KERNELS, f"{torch_share:.0%} of the candidate's GPU time is spent in "
                         f"PyTorch's own kernels ({'; '.join(x[:70] for x in top)}), not in the extension's.")
     elif torch_share > TORCH_SHARE_FLAG:
         out.flags.append(R.FLAG_TORCH_KERNELS)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import shutil
 import threading
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 
 from cuda_agent import sandbox
 from cuda_agent.evaluator.waiting import GO, READY
+from cuda_agent.files import atomic_write
 
 IDLE_S = 900.0  # a spare waits this long for a job, then exits
 
@@ -92,14 +92,6 @@ class Proc:
         self.deadline.at = 0.0
 
 
-def publish(path: Path, text: str) -> None:
-    """Write a file whole under its final name (a waiting process polls for the name)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 @dataclass
 class Spare:
     work: Path  # the run directory its processes were started on
@@ -117,7 +109,7 @@ class Spare:
         self.released, self.released_at = True, time.monotonic()
         for d in self.ready_dirs:
             with contextlib.suppress(OSError):
-                publish(self.work / d / GO, "")
+                atomic_write(self.work / d / GO, "")
 
     def usable(self) -> bool:
         """All its processes still up (not exited, not killed) and inside their idle time."""

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -83,6 +82,7 @@ class _Parser(argparse.ArgumentParser):
 def _compile(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int, Any]:
     from cuda_agent.evaluator import build as B
     from cuda_agent.evaluator.solution import SolutionError, load_solution
+    from cuda_agent.files import atomic_copy
     from cuda_agent.sandbox import SandboxConfig, SandboxUnavailable
     from cuda_agent.tasks import TaskError
     from cuda_agent.workspace import WorkspaceError, load_record
@@ -108,10 +108,8 @@ def _compile(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int,
         emit(f"[TIME] Compilation took {dt:.2f}s\n")
         return 1, res
     target = ws / "cuda_extension.so"
-    tmp = ws / f".cuda_extension.so.tmp{os.getpid()}"
     assert res.so_path is not None
-    shutil.copyfile(res.so_path, tmp)
-    os.replace(tmp, target)
+    atomic_copy(res.so_path, target)
     what = "cached build" if res.cached else (
         f"recompiled {', '.join(r for r in res.rebuilt if not r.startswith('link'))}" if res.rebuilt else "up to date")
     emit(f"Compile success: cuda_extension.so ({what})\n")
