@@ -20,6 +20,11 @@ from pathlib import Path
 import pytest
 
 from cuda_agent import sandbox as sb
+from cuda_agent.sandbox import runner
+from cuda_agent.sandbox.bwrap import build_env, bwrap_args, gpu_uuid, python_paths
+from cuda_agent.sandbox.limits import PidsCgroup
+from cuda_agent.sandbox.process import Capture
+from cuda_agent.sandbox.runner import probe
 
 AVAILABLE, REASON = sb.sandbox_available()
 needs_bwrap = pytest.mark.skipif(not AVAILABLE, reason=f"bwrap not usable here: {REASON}")
@@ -48,7 +53,7 @@ def work(tmp_path: Path) -> Path:
 
 
 def _cgroup_possible() -> bool:
-    cg = sb._PidsCgroup.create(8)
+    cg = PidsCgroup.create(8)
     if cg is None:
         return False
     cg.remove()
@@ -148,15 +153,15 @@ def test_filesystem_view(tmp_path: Path, work: Path) -> None:
         assert seen["uid"] != 0  # the command never runs as root
     # Of the home directory only what leads to the bound Python prefix is there.
     home = Path(os.path.expanduser("~root"))
-    allowed = {p.relative_to(home).parts[0] for p in sb._python_paths() if home in p.parents}
+    allowed = {p.relative_to(home).parts[0] for p in python_paths() if home in p.parents}
     assert set(seen["root_home"]) <= allowed
     # At the top: the system directories, and the first part of each bound path (the Python
     # prefixes and an editable checkout may live anywhere, e.g. /srv/ci/...).
     system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
               "tmp", "usr", "sys"}
-    bound = {p.parts[1] for p in [*sb._python_paths(), work, ro_dir] if len(p.parts) > 1}
+    bound = {p.parts[1] for p in [*python_paths(), work, ro_dir] if len(p.parts) > 1}
     assert set(seen["top"]) <= system | bound, set(seen["top"]) - system - bound
-    if not any(pyproject.parent == p or pyproject.parent in p.parents for p in sb._python_paths()):
+    if not any(pyproject.parent == p or pyproject.parent in p.parents for p in python_paths()):
         assert seen["host_pyproject"] is False
     assert seen["procs"] == [1, seen["pid"]]  # own PID namespace: bwrap's init and us
 
@@ -167,7 +172,7 @@ def test_a_temp_dir_on_sys_path_stays_out(tmp_path: Path, work: Path, monkeypatc
     # through the sandbox's own, and a writable path under a 0700 temp dir must work.
     host_tmp = Path(tempfile.gettempdir())
     monkeypatch.setattr(sys, "path", [str(host_tmp), *sys.path])
-    assert all(p != host_tmp.resolve() for p in sb._python_paths())
+    assert all(p != host_tmp.resolve() for p in python_paths())
     private = Path(tempfile.mkdtemp())  # mode 0700, as mkdtemp makes it
     (private / "out").mkdir()
     marker = host_tmp / f"host-only-{os.getpid()}"
@@ -503,11 +508,11 @@ def test_output_is_bounded(work: Path, enabled: bool) -> None:
 
 
 def test_capture_keeps_head_and_tail() -> None:
-    cap = sb._Capture(10)
+    cap = Capture(10)
     for chunk in (b"abc", b"defgh", b"ijklmnop", b"qrst"):
         cap.feed(chunk)
     assert cap.text() == "abcde\n[... 10 bytes cut ...]\npqrst"
-    small = sb._Capture(10)
+    small = Capture(10)
     small.feed(b"0123456789")
     assert small.text() == "0123456789"
 
@@ -516,7 +521,7 @@ def test_capture_keeps_head_and_tail() -> None:
 
 
 def test_unavailable_when_bwrap_is_missing(monkeypatch: pytest.MonkeyPatch, work: Path) -> None:
-    monkeypatch.setattr(sb, "find_bwrap", lambda: "/nonexistent/bwrap")
+    monkeypatch.setattr(runner, "find_bwrap", lambda: "/nonexistent/bwrap")
     ok, reason = sb.sandbox_available()
     assert ok is False and "/nonexistent/bwrap" in reason
     with pytest.raises(sb.SandboxUnavailable) as info:
@@ -530,10 +535,10 @@ def test_unavailable_when_bwrap_is_missing(monkeypatch: pytest.MonkeyPatch, work
 
 
 def test_unavailable_when_bwrap_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sb, "find_bwrap", lambda: "/bin/false")
+    monkeypatch.setattr(runner, "find_bwrap", lambda: "/bin/false")
     ok, reason = sb.sandbox_available()
     assert ok is False and reason
-    monkeypatch.setattr(sb, "find_bwrap", lambda: None)
+    monkeypatch.setattr(runner, "find_bwrap", lambda: None)
     assert sb.sandbox_available()[0] is False
 
 
@@ -544,10 +549,10 @@ def test_gpu_argv_and_env(tmp_path: Path) -> None:
     for name in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"]:  # no nvidia-uvm-tools
         (dev / name).write_text("")
     cfg = sb.SandboxConfig(gpu_index=1)
-    ok, _, features = sb._probe(sb.find_bwrap())
+    ok, _, features = probe(sb.find_bwrap())
     assert ok and features is not None
-    args = sb._bwrap_args(bwrap=sb.find_bwrap() or "bwrap", cwd=Path("/"), writable=[], readonly=[],
-                          config=cfg, features=features, dev_dir=dev, unprivileged=not ROOT)
+    args = bwrap_args(bwrap=sb.find_bwrap() or "bwrap", cwd=Path("/"), writable=[], readonly=[],
+                      config=cfg, features=features, dev_dir=dev, unprivileged=not ROOT)
     binds = [tuple(args[i + 1:i + 3]) for i, a in enumerate(args) if a == "--dev-bind"]
     assert binds == [(str(dev / "nvidia1"), "/dev/nvidia1"), (str(dev / "nvidiactl"), "/dev/nvidiactl"),
                      (str(dev / "nvidia-uvm"), "/dev/nvidia-uvm")]
@@ -557,10 +562,10 @@ def test_gpu_argv_and_env(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert {"nvidia1", "nvidiactl", "nvidia-uvm"} <= set(out.stdout.split())
     assert "nvidia0" not in out.stdout.split()
-    env = sb._build_env({"CUDA_VISIBLE_DEVICES": "7"}, cfg, "/tmp", "/tmp")
-    assert env["CUDA_VISIBLE_DEVICES"] in ("0", sb._gpu_uuid(1))
+    env = build_env({"CUDA_VISIBLE_DEVICES": "7"}, cfg, "/tmp", "/tmp")
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0", gpu_uuid(1))
     assert env["NCCL_NVLS_ENABLE"] == "0"
-    assert "CUDA_VISIBLE_DEVICES" not in sb._build_env(None, sb.SandboxConfig(), "/tmp", "/tmp")
+    assert "CUDA_VISIBLE_DEVICES" not in build_env(None, sb.SandboxConfig(), "/tmp", "/tmp")
 
 
 def test_gpu_uuid_from_driver_procfs(tmp_path: Path) -> None:
@@ -571,10 +576,10 @@ def test_gpu_uuid_from_driver_procfs(tmp_path: Path) -> None:
             f"Model: \t\t NVIDIA H200\nGPU UUID: \t GPU-{minor}abc\nBus Location: \t {bus}\n"
             f"Device Minor: \t {minor}\n"
         )
-    assert sb._gpu_uuid(1, tmp_path) == "GPU-1abc"
-    assert sb._gpu_uuid(0, tmp_path) == "GPU-0abc"
-    assert sb._gpu_uuid(5, tmp_path) is None
-    assert sb._gpu_uuid(0, tmp_path / "missing") is None
+    assert gpu_uuid(1, tmp_path) == "GPU-1abc"
+    assert gpu_uuid(0, tmp_path) == "GPU-0abc"
+    assert gpu_uuid(5, tmp_path) is None
+    assert gpu_uuid(0, tmp_path / "missing") is None
 
 
 @needs_bwrap

@@ -1,0 +1,391 @@
+"""Launching one command: `Launch` puts the bwrap command line, the limits and the uid
+handover together, runs the command with its output pumped through `Capture` (head and
+tail kept) against a movable deadline, and kills the whole tree at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from cuda_agent.sandbox.bwrap import (
+    SYSTEM_DIRS,
+    Features,
+    abs_path,
+    build_env,
+    bwrap_args,
+    check_writable,
+    gpu_nodes,
+    is_under,
+    python_paths,
+)
+from cuda_agent.sandbox.config import Deadline, RunResult, SandboxConfig, SandboxUnavailable
+from cuda_agent.sandbox.limits import (
+    Ownership,
+    PidsCgroup,
+    allocate_uid,
+    count_user_tasks,
+    dropper_prefix,
+    kill_uid,
+    limits_preexec,
+    prlimit_prefix,
+    rlimits,
+)
+
+log = logging.getLogger(__package__)
+
+_DRAIN_GRACE_S = 1.0  # how long to keep reading pipes after the command ended
+_READ_CHUNK = 1 << 16
+
+
+# --------------------------------------------------------------------------- output capture
+
+
+class Capture:
+    """Keeps the first and last bytes of a stream, counting what falls between."""
+
+    def __init__(self, limit: int) -> None:
+        self.head_cap = max(0, limit) // 2
+        self.tail_cap = max(0, limit) - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self.tail_cap:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_cap:
+                del self.tail[: len(self.tail) - self.tail_cap]
+
+    def text(self) -> str:
+        kept = len(self.head) + min(len(self.tail), self.tail_cap)
+        tail = bytes(self.tail[-self.tail_cap:]) if self.tail_cap else b""
+        if self.total <= kept:
+            return (bytes(self.head) + tail).decode(errors="replace")
+        cut = self.total - kept
+        return (self.head.decode(errors="replace") + f"\n[... {cut} bytes cut ...]\n"
+                + tail.decode(errors="replace"))
+
+
+# --------------------------------------------------------------------------- the launch
+
+
+def _decode_status(rc: int, sandboxed: bool) -> tuple[int, int | None]:
+    """(returncode, signal). bwrap reports a child's death by signal N as exit 128+N."""
+    if rc < 0:
+        return rc, -rc
+    if sandboxed and 128 < rc <= 128 + 64:
+        return -(rc - 128), rc - 128
+    return rc, None
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X", "x")
+
+
+class Launch:
+    """One prepared command: argv, environment and the state to undo afterwards."""
+
+    def __init__(self, config: SandboxConfig, sandboxed: bool) -> None:
+        self.config = config
+        self.sandboxed = sandboxed
+        self.argv: list[str] = []
+        self.env: dict[str, str] = {}
+        self.popen_cwd = "/"
+        self.preexec: Callable[[], None] | None = None
+        self.uid: int | None = None
+        self.ownership: Ownership | None = None
+        self.cgroup: PidsCgroup | None = None
+        self.private_dir: str | None = None
+        self.info_r: int | None = None
+        self.info_w: int | None = None
+        self._info = b""
+        self._child: int | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def prepare(
+        cls,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        writable: Sequence[Path],
+        readonly: Sequence[Path | tuple[Path, str]],
+        env: Mapping[str, str] | None,
+        config: SandboxConfig,
+        bwrap: str | None,
+        features: Features | None,
+    ) -> Iterator[Launch]:
+        launch = cls(config, sandboxed=bwrap is not None)
+        try:
+            launch._setup(list(argv), cwd, writable, readonly, env, bwrap, features)
+            yield launch
+        finally:
+            launch._cleanup()
+
+    def _setup(self, argv: list[str], cwd: Path, writable: Sequence[Path],
+               readonly: Sequence[Path | tuple[Path, str]], env: Mapping[str, str] | None,
+               bwrap: str | None, features: Features | None) -> None:
+        config = self.config
+        cwd = abs_path(cwd)
+        if not cwd.is_dir():
+            raise ValueError(f"cwd {cwd} is not a directory")
+        rw = [abs_path(p) for p in writable]
+        for p in rw:
+            if not p.exists():
+                raise ValueError(f"writable path {p} does not exist")
+            check_writable(p)
+        ro: list[tuple[Path, Path]] = []
+        for item in readonly:
+            src, dst = (item if isinstance(item, tuple) else (item, item))
+            src, dst = abs_path(src), abs_path(dst)
+            if not src.exists():
+                raise ValueError(f"readonly path {src} does not exist")
+            ro.append((src, dst))
+        root = os.geteuid() == 0
+
+        if bwrap is not None:
+            assert features is not None
+            home = tmp = "/tmp"
+            if root:
+                nproc: int | None = config.max_processes
+            else:
+                nproc = count_user_tasks(os.getuid()) + config.max_processes
+        else:
+            self.private_dir = tempfile.mkdtemp(prefix="cuda-agent-run-")
+            home = tmp = self.private_dir
+            nproc = None if root else count_user_tasks(os.getuid()) + config.max_processes
+        self.env = build_env(env, config, home, tmp)
+        limits = rlimits(config, nproc)
+        prefix = prlimit_prefix(limits)
+        if prefix is None:
+            prefix, self.preexec = [], limits_preexec(limits)
+
+        if bwrap is None:
+            self.popen_cwd = str(cwd)
+            if root:
+                self.cgroup = PidsCgroup.create(config.max_processes)
+                if self.cgroup is None:
+                    log.warning("--no-sandbox as root without a pids cgroup: no process limit")
+            if self.cgroup is not None:
+                join = ['/bin/sh', '-c', 'echo $$ > "$0" || exit 125; exec "$@"', self.cgroup.procs_file]
+                prefix = join + prefix
+            self.argv = prefix + argv
+            return
+
+        visible = rw + [dst for _src, dst in ro] + [Path(d) for d in SYSTEM_DIRS] + python_paths()
+        if cwd != Path("/") and not any(is_under(cwd, v) for v in visible):
+            raise ValueError(f"cwd {cwd} would not exist in the sandbox: pass it (or a parent) "
+                             "in writable or readonly")
+        inner: list[str] = []
+        if root:
+            self.uid = allocate_uid()
+            groups: list[int] = []
+            if config.gpu_index is not None:
+                groups = sorted({os.stat(n).st_gid for n in gpu_nodes(config.gpu_index, Path("/dev"))} - {0})
+            dropper = dropper_prefix(self.uid, groups)
+            if dropper is None:
+                raise SandboxUnavailable("running as root needs setpriv (util-linux)")
+            inner = dropper
+            self.ownership = Ownership(self.uid)
+            self.ownership.take(rw)
+        self.info_r, self.info_w = os.pipe()
+        os.set_blocking(self.info_r, False)
+        args = bwrap_args(bwrap=bwrap, cwd=cwd, writable=rw, readonly=ro, config=config,
+                          features=features, unprivileged=not root)
+        args[1:1] = ["--info-fd", str(self.info_w)]
+        self.argv = prefix + args + inner + argv
+
+    def _cleanup(self) -> None:
+        for fd in (self.info_r, self.info_w):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.info_r = self.info_w = None
+        if self.uid is not None:
+            kill_uid(self.uid)
+        if self.ownership is not None:
+            self.ownership.restore()
+            self.ownership = None
+        if self.cgroup is not None:
+            self.cgroup.kill()
+            self.cgroup.remove()
+            self.cgroup = None
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
+            self.private_dir = None
+
+    # ----------------------------------------------------------------- running
+
+    def execute(self, stdin: bytes | None, deadline: Deadline | None = None) -> RunResult:
+        t0 = time.monotonic()
+        moving = deadline is not None
+        if deadline is None:
+            deadline = Deadline(t0 + max(0.0, self.config.timeout_s))
+        out, err = Capture(self.config.max_output_bytes), Capture(self.config.max_output_bytes)
+        try:
+            proc = subprocess.Popen(
+                self.argv, cwd=self.popen_cwd, env=self.env,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                pass_fds=(self.info_w,) if self.info_w is not None else (),
+                preexec_fn=self.preexec,  # only where prlimit(1) is missing
+            )
+        except OSError as e:
+            return RunResult(returncode=127, stdout="", stderr=f"cannot execute {self.argv[0]}: {e}",
+                             timed_out=False, duration_s=time.monotonic() - t0, signal=None,
+                             sandboxed=self.sandboxed)
+        if self.info_w is not None:
+            os.close(self.info_w)
+            self.info_w = None
+        timed_out = False
+        try:
+            timed_out = self._pump(proc, stdin, out, err, deadline, moving)
+        finally:
+            self.kill_tree(proc)
+            try:
+                rc: int | None = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # unkillable (stuck in the kernel): give up on it
+                rc = None
+        duration = time.monotonic() - t0
+        if timed_out or rc is None:
+            returncode, sig = None, None
+        else:
+            returncode, sig = _decode_status(rc, self.sandboxed)
+        return RunResult(returncode=returncode, stdout=out.text(), stderr=err.text(),
+                         timed_out=timed_out, duration_s=duration, signal=sig,
+                         sandboxed=self.sandboxed)
+
+    def _pump(self, proc: subprocess.Popen[bytes], stdin: bytes | None, out: Capture,
+              err: Capture, deadline_at: Deadline, moving: bool = False) -> bool:
+        """Feed stdin, capture output, watch the clock. True if the timeout hit."""
+        sel = selectors.DefaultSelector()
+        pidfd: int | None = None
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            for stream, cap in ((proc.stdout, out), (proc.stderr, err)):
+                os.set_blocking(stream.fileno(), False)
+                sel.register(stream.fileno(), selectors.EVENT_READ, cap)
+            pending = memoryview(stdin or b"")
+            if proc.stdin is not None:
+                os.set_blocking(proc.stdin.fileno(), False)
+                sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, None)
+            try:
+                pidfd = os.pidfd_open(proc.pid)
+                sel.register(pidfd, selectors.EVENT_READ, "exit")
+            except (AttributeError, OSError):
+                pidfd = None
+            timed_out = False
+            ended_at: float | None = None
+            deadline = deadline_at.at
+            while True:
+                now = time.monotonic()
+                if moving and not timed_out:
+                    deadline = deadline_at.at
+                if ended_at is None and self.exited(proc):
+                    ended_at = now
+                    self.kill_tree(proc)  # nothing may outlive the command
+                if ended_at is None and now >= deadline:
+                    if timed_out:  # killed 10 s ago and still not gone
+                        return True
+                    timed_out = True
+                    self.kill_tree(proc)
+                    deadline = now + 10.0
+                    continue
+                readers = [k for k in sel.get_map().values() if isinstance(k.data, Capture)]
+                if ended_at is not None and (not readers or now >= ended_at + _DRAIN_GRACE_S):
+                    return timed_out
+                wait = deadline - now if ended_at is None else ended_at + _DRAIN_GRACE_S - now
+                if pidfd is None and ended_at is None:
+                    wait = min(wait, 0.05)
+                if moving and ended_at is None:
+                    wait = min(wait, Deadline.POLL_S)
+                for key, _ev in sel.select(timeout=max(0.0, min(wait, 3600.0))):
+                    if key.data == "exit":
+                        sel.unregister(key.fd)
+                    elif key.data is None:  # stdin
+                        try:
+                            n = os.write(key.fd, pending[:_READ_CHUNK])
+                            pending = pending[n:]
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(key.fd)
+                            proc.stdin.close()  # type: ignore[union-attr]
+                    else:
+                        try:
+                            data = os.read(key.fd, _READ_CHUNK)
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            data = b""
+                        if data:
+                            key.data.feed(data)
+                        else:
+                            sel.unregister(key.fd)
+        finally:
+            sel.close()
+            if pidfd is not None:
+                os.close(pidfd)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+
+    @staticmethod
+    def exited(proc: subprocess.Popen[bytes]) -> bool:
+        """Whether the command ended, without reaping it (its pid stays ours to kill)."""
+        if proc.returncode is not None:
+            return True
+        try:
+            res = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return res is not None and res.si_pid != 0
+
+    def kill_tree(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.returncode is None:  # not reaped: the group id cannot have been reused
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        if self.sandboxed:
+            self._wait_namespace()
+
+    def _wait_namespace(self) -> None:
+        """Wait until the sandbox's PID-namespace init is dead: then so is all inside."""
+        child = self._child_pid()
+        if child is None:
+            return
+        end = time.monotonic() + 3.0
+        while not _process_gone(child) and time.monotonic() < end:
+            time.sleep(0.002)
+
+    def _child_pid(self) -> int | None:
+        if self._child is None and self.info_r is not None:
+            with contextlib.suppress(OSError):
+                self._info += os.read(self.info_r, 65536)
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                self._child = int(json.loads(self._info.decode(errors="replace"))["child-pid"])
+        return self._child
