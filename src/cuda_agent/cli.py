@@ -71,30 +71,24 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from rich.live import Live
     from rich.table import Table
 
-    from cuda_agent.agent import (
-        AgentConfig,
-        OpenAIClient,
-        OpenAIConfig,
-        Progress,
-        ReplayClient,
-        run_episode,
-    )
-    from cuda_agent.agent.client import load_script
+    from cuda_agent.agent import AgentConfig, Progress, make_client, run_episode
     from cuda_agent.evaluator.evaluate import resolve_device
 
     task = _pick_task(args.task, args.task_name)
     device = resolve_device(args.device)
-    if args.replay:
-        try:
-            client: Any = ReplayClient(load_script(args.replay), name=f"replay:{Path(args.replay).name}")
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read the replay script {args.replay}: {exc}") from exc
-    else:
-        model = args.model or os.environ.get("CUDA_AGENT_MODEL")
-        if not model:
-            raise UsageError("name the model with --model (or $CUDA_AGENT_MODEL), or pass --replay SCRIPT")
-        client = OpenAIClient(OpenAIConfig(model=model, base_url=args.base_url, api_key=args.api_key,
-                                           timeout_s=args.request_timeout, temperature=args.temperature))
+    model = args.model or os.environ.get("CUDA_AGENT_MODEL")
+    if not (model or args.replay):
+        raise UsageError(
+            "name the model with --model (or $CUDA_AGENT_MODEL), or pass --replay SCRIPT")
+    replay_name = f"replay:{Path(args.replay).name}" if args.replay else "replay"
+    try:
+        client = make_client(model or "", args.base_url, args.api_key, replay=args.replay,
+                             replay_name=replay_name, timeout_s=args.request_timeout,
+                             temperature=args.temperature)
+    except (OSError, ValueError) as exc:
+        if not args.replay:
+            raise
+        raise UsageError(f"cannot read the replay script {args.replay}: {exc}") from exc
     cfg = AgentConfig(max_turns=args.max_turns, context_tokens=args.context_tokens, wall_time_s=args.wall_time,
                       score_every_build=args.score_every_build, sandbox=not args.no_sandbox,
                       gpu_index=args.gpu if device == "cuda" else None)
@@ -149,8 +143,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
+    from cuda_agent.bench.jobs import AgentSpec, BenchConfig
     from cuda_agent.bench.report import write_report
-    from cuda_agent.bench.runner import AgentSpec, BenchConfig, run_bench
+    from cuda_agent.bench.runner import run_bench
     from cuda_agent.bench.suite import load_suite
     from cuda_agent.evaluator.evaluate import resolve_device
 
@@ -240,12 +235,12 @@ def cmd_datagen(args: argparse.Namespace) -> int:
             raise UsageError(f"--mix takes e.g. 1=0.1,2=0.8,3=0.1 ({exc})") from exc
     llm = None
     if args.composer == "llm":
-        from cuda_agent.agent import OpenAIClient, OpenAIConfig
+        from cuda_agent.agent import make_client
 
         model = args.model or os.environ.get("CUDA_AGENT_MODEL")
         if not model:
             raise UsageError("--composer llm needs --model (or $CUDA_AGENT_MODEL)")
-        llm = OpenAIClient(OpenAIConfig(model=model, base_url=args.base_url, api_key=args.api_key))
+        llm = make_client(model, args.base_url, args.api_key)
     device = resolve_device(args.device)
     cfg = DatagenConfig(n=args.n, seed=args.seed, composer=args.composer, mix=mix, device=device, gpu_index=args.gpu,
                         min_ms=args.min_ms, max_ms=args.max_ms, runtime_filter=not args.no_runtime_filter,

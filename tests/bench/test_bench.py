@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from cuda_agent.bench.jobs import BenchConfig
 from cuda_agent.bench.metrics import metrics
 from cuda_agent.bench.records import ResultsFile
-from cuda_agent.bench.runner import BenchConfig, run_bench
+from cuda_agent.bench.runner import run_bench
 from cuda_agent.bench.suite import load_suite
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cuda_agent.bench.jobs import BenchConfig
 from cuda_agent.bench.report import write_report
-from cuda_agent.bench.runner import BenchConfig, run_bench
+from cuda_agent.bench.runner import run_bench
 from cuda_agent.bench.suite import load_suite
 
 from . import cases_cuda as C

@@ -13,8 +13,9 @@ from cuda_agent.agent.client import (
            OpenAIClient,
            OpenAIConfig,
            ReplayClient,
+           make_client,
 )
 from cuda_agent.agent.loop import AgentConfig, EpisodeSummary, Progress, run_episode
 
 __all__ = ["AgentConfig", "Completion", "EpisodeSummary", "ModelClient", "ModelError", "OpenAIClient",
-           "OpenAIConfig", "Progress", "ReplayClient", "run_episode"]
+           "OpenAIConfig", "Progress", "ReplayClient", "make_client", "run_episode"]

@@ -4,7 +4,8 @@ A client takes the conversation (OpenAI chat messages) and the tool schemas and 
 one assistant turn. `OpenAIClient` speaks chat completions with function calling through
 the `openai` package's async client, so it works against vLLM, SGLang and hosted APIs.
 `ReplayClient` plays back scripted or recorded assistant turns: tests and demos need no
-model, and a recorded trajectory can be replayed exactly.
+model, and a recorded trajectory can be replayed exactly. `make_client` picks and builds
+one of them from the settings the command line, the benchmark and data generation share.
 """
 
 from __future__ import annotations
@@ -210,3 +211,22 @@ class ReplayClient:
         c.prompt_tokens = estimate_tokens(messages)
         c.completion_tokens = estimate_tokens(self.turns[k])
         return c
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def make_client(model: str, base_url: str | None = None, api_key: str | None = None, *,
+                replay: str | Path | None = None, replay_name: str = "replay",
+                timeout_s: float | None = None, temperature: float | None = None) -> ModelClient:
+    """A `ReplayClient` playing `replay` back when given, else an `OpenAIClient` for `model`.
+
+    `replay_name` is the name a trajectory records for the replay client. Reading the replay
+    script raises `OSError` or `ValueError`; `timeout_s` None keeps `OpenAIConfig`'s default.
+    """
+    if replay:
+        return ReplayClient(load_script(replay), name=replay_name)
+    config = OpenAIConfig(model=model, base_url=base_url, api_key=api_key, temperature=temperature)
+    if timeout_s is not None:
+        config.timeout_s = timeout_s
+    return OpenAIClient(config)

@@ -4,17 +4,16 @@ Each actor holds one GPU of the cluster (`num_gpus=1`) and evaluates one job at 
 through the same `evaluate_job` as the local pool, with the GPU Ray assigned to it. The
 candidate runs in its own sandboxed process, so a hostile kernel cannot break the actor's
 state; if an actor dies anyway, its job is recorded as an error and Ray restarts the actor
-for the next job. Records are appended by the driver as jobs finish.
+for the next job. The driver hands each record on as its job finishes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.bench.records import ERROR, BenchRecord, ResultsFile
-from cuda_agent.bench.runner import BenchConfig, Job, Slot, evaluate_job, slots_for
+from cuda_agent.bench.jobs import BenchConfig, Job, OnRecord, Slot, evaluate_job, slots_for
+from cuda_agent.bench.records import ERROR, BenchRecord, exc_message
 
 
 class _Worker:
@@ -34,8 +33,7 @@ class _Worker:
         return evaluate_job(job[0], job[1], self.cfg, slot, Path(out)).to_dict()
 
 
-def run_ray(jobs: list[Job], cfg: BenchConfig, out: Path, results: ResultsFile,
-            on_record: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
+def run_ray(jobs: list[Job], cfg: BenchConfig, out: Path, record: OnRecord) -> None:
     try:
         import ray
     except ImportError as exc:
@@ -45,7 +43,8 @@ def run_ray(jobs: list[Job], cfg: BenchConfig, out: Path, results: ResultsFile,
     started = not ray.is_initialized()
     if started:
         address = None if cfg.ray_address in ("local", None) else cfg.ray_address
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 ignore_reinit_error=True)
     try:
         if cfg.device == "cuda":
             n = int(ray.cluster_resources().get("GPU", 0))
@@ -60,31 +59,20 @@ def run_ray(jobs: list[Job], cfg: BenchConfig, out: Path, results: ResultsFile,
         pool = ActorPool(actors)
         for job in jobs:
             pool.submit(lambda a, j: a.run.remote(j, str(out)), job)
-        records = []
         pending = list(jobs)
         err = "unknown error"
         while pool.has_next():
             try:
                 rec = BenchRecord.from_dict(pool.get_next_unordered())
-                pending = [j for j in pending if j[0].key != rec.key]
-            except ray.exceptions.RayError as exc:  # the actor died mid-job: which job is unknown here
-                rec = None
-                err = f"{type(exc).__name__}: {exc}"[:1000]
-            if rec is None:
+            except ray.exceptions.RayError as exc:  # an actor died mid-job: which job is unknown here
+                err = exc_message(exc)
                 continue
-            results.append(rec)
-            records.append(rec)
-            if on_record is not None:
-                on_record(rec)
+            pending = [j for j in pending if j[0].key != rec.key]
+            record(rec)
         for entry, sol in pending:  # jobs lost with a dead actor
-            rec = BenchRecord(key=entry.key, task_id=entry.task.id, task_name=entry.task.name, level=entry.level,
-                              status=ERROR, message=f"the Ray worker died during this task ({err})",
-                              solution=str(sol) if sol else None)
-            results.append(rec)
-            records.append(rec)
-            if on_record is not None:
-                on_record(rec)
-        return records
+            record(BenchRecord.for_entry(entry, ERROR,
+                                         message=f"the Ray worker died during this task ({err})",
+                                         solution=str(sol) if sol else None))
     finally:
         if started:
             ray.shutdown()

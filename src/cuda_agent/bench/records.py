@@ -7,7 +7,10 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cuda_agent.bench.suite import Entry
 
 RECORD_VERSION = 1
 MISSING = "missing"  # no solution for the task: a failure
@@ -44,15 +47,32 @@ class BenchRecord:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    @classmethod
+    def for_entry(cls, entry: Entry, status: str, **fields: Any) -> BenchRecord:
+        """A record of the entry's task: its key, task and level, then `status` and `fields`."""
+        return cls(key=entry.key, task_id=entry.task.id, task_name=entry.task.name,
+                   level=entry.level, status=status, **fields)
 
-def from_eval(entry_key: str, level: str, res: Any, **extra: Any) -> BenchRecord:
-    """A record from an evaluator result (`EvalResult`)."""
-    return BenchRecord(
-        key=entry_key, task_id=res.task_id, task_name=res.task_name, level=level, status=res.status,
-        correct=res.correct, reward=res.reward, speedup_vs_eager=res.speedup_vs_eager,
-        speedup_vs_compile=res.speedup_vs_compile,
-        times_us={k: v["median_us"] for k, v in (res.times_us or {}).items() if "median_us" in v},
-        flags=list(res.flags), rule=res.rule, message=res.message[:1000], **extra)
+    @classmethod
+    def error(cls, entry: Entry, exc: BaseException, **fields: Any) -> BenchRecord:
+        """The benchmark could not finish the entry's task because of `exc`."""
+        return cls.for_entry(entry, ERROR, message=exc_message(exc), **fields)
+
+    @classmethod
+    def from_eval(cls, entry: Entry, res: Any, **extra: Any) -> BenchRecord:
+        """A record from an evaluator result (`EvalResult`) for the entry's task."""
+        return cls(
+            key=entry.key, task_id=res.task_id, task_name=res.task_name, level=entry.level,
+            status=res.status, correct=res.correct, reward=res.reward,
+            speedup_vs_eager=res.speedup_vs_eager, speedup_vs_compile=res.speedup_vs_compile,
+            times_us={k: v["median_us"] for k, v in (res.times_us or {}).items()
+                      if "median_us" in v},
+            flags=list(res.flags), rule=res.rule, message=res.message[:1000], **extra)
+
+
+def exc_message(exc: BaseException) -> str:
+    """An exception as a record's message: its type and text, bounded."""
+    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 class ResultsFile:
