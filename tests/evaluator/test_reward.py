@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cuda_agent.evaluator.reward import Speeds, faster, reward
+from cuda_agent.evaluator.reward import Speedups, faster, reward
+
+
+def Speeds(candidate: float, eager: float, compile: float) -> Speedups:  # noqa: N802
+    """Speedups from times, as the cases below are written."""
+    return Speedups(vs_eager=eager / candidate, vs_compile=compile / candidate)
 
 
 def test_faster_is_strictly_more_than_the_threshold() -> None:
@@ -26,7 +31,7 @@ def test_faster_is_strictly_more_than_the_threshold() -> None:
         (True, Speeds(0.7, 0.72, 0.8), 1.0),  # faster than compile but not eager: still 1
     ],
 )
-def test_milestone(correct: bool, speeds: Speeds | None, expected: float) -> None:
+def test_milestone(correct: bool, speeds: Speedups | None, expected: float) -> None:
     assert reward("milestone", correct, speeds) == expected
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cuda_agent import sandbox
-from cuda_agent.evaluator import evaluate, timing
+from cuda_agent.evaluator import processes, timing
 
 
 def test_fast_and_slow_subjects_are_ordered_and_interleaved() -> None:
@@ -222,7 +222,7 @@ def test_timed_processes_reuse_freed_memory(tmp_path: Path) -> None:
         assert res.ok, res.stderr
         return int(res.stdout.split()[-1])
 
-    timed = evaluate._python_env("cpu", threads=1)
+    timed = processes.python_env("cpu", threads=1)
     plain = {k: v for k, v in timed.items() if not k.startswith("MALLOC_")}
     pages = (1 << 26) // 4096
     assert faults(plain, 1 << 24) > 120 * pages * 0.9  # above glibc's largest mmap threshold: every output

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.evaluator import evaluate as E
-from cuda_agent.evaluator import warm
+from cuda_agent.evaluator import processes, warm
+from cuda_agent.evaluator.options import EvalOptions
+from cuda_agent.evaluator.protocol import RunLayout
+from cuda_agent.machine import usable_cores
 
 from . import cases as C
 from .test_evaluate_cpu import run
@@ -60,15 +62,15 @@ def test_the_next_evaluation_runs_in_the_spare_with_the_same_verdicts(tmp_path: 
 
 
 def test_a_spare_that_dies_before_its_job_is_replaced_by_a_fresh_process(tmp_path: Path, pool: warm.Pool) -> None:
-    opts = E.EvalOptions(device="cpu", profile=False)
-    threads = E._usable_cores()
-    spare = E._start_spare(opts, "cpu", threads)
+    opts = EvalOptions(device="cpu", profile=False)
+    threads = usable_cores()
+    spare = processes.start_spare(opts, "cpu", threads)
     for kind in ("reference", "candidate"):  # replaced by processes that die without reading a job
         spare.procs[kind].kill()
         spare.procs[kind].wait()
-        argv, kw = E._command(kind, spare.work, opts, "cpu", threads)
+        argv, kw = processes.command(kind, RunLayout(spare.work), opts, "cpu", threads)
         spare.procs[kind] = warm.Proc([sys.executable, "-c", "import time; time.sleep(1.5)"], **kw, timeout_s=60)
-    pool._spares[E._spare_key(opts, "cpu", threads)] = spare
+    pool._spares[processes.spare_key(opts, "cpu", threads)] = spare
     res = run(tmp_path, C.AXPBY_TASK, C.axpby(), warm=True)
     assert res.status == "ok", res.message
     assert "spare_failed" in res.details and "warm_start" not in res.details and pool.taken == 1
@@ -76,9 +78,9 @@ def test_a_spare_that_dies_before_its_job_is_replaced_by_a_fresh_process(tmp_pat
 
 def test_idle_spares_exit_and_close_kills_the_rest(monkeypatch: pytest.MonkeyPatch, pool: warm.Pool) -> None:
     monkeypatch.setattr(warm, "IDLE_S", 2.0)
-    opts = E.EvalOptions(device="cpu")
-    key = E._spare_key(opts, "cpu", 1)
-    pool.offer(key, lambda: E._start_spare(opts, "cpu", 1))
+    opts = EvalOptions(device="cpu")
+    key = processes.spare_key(opts, "cpu", 1)
+    pool.offer(key, lambda: processes.start_spare(opts, "cpu", 1))
     spare = pool._spares[key]
     deadline = time.monotonic() + 60
     while any(p.alive() for p in spare.procs.values()) and time.monotonic() < deadline:
@@ -87,11 +89,11 @@ def test_idle_spares_exit_and_close_kills_the_rest(monkeypatch: pytest.MonkeyPat
     assert all(p.wait().returncode == 0 for p in spare.procs.values())
     assert pool.take(key) is None  # and it is not handed out
     monkeypatch.setattr(warm, "IDLE_S", 900.0)
-    pool.offer(key, lambda: E._start_spare(opts, "cpu", 1))
+    pool.offer(key, lambda: processes.start_spare(opts, "cpu", 1))
     live = pool._spares[key]
     pool.close()
     assert not any(p.alive() for p in live.procs.values()) and not live.work.exists()
-    pool.offer(key, lambda: E._start_spare(opts, "cpu", 1))  # a closed pool starts nothing
+    pool.offer(key, lambda: processes.start_spare(opts, "cpu", 1))  # a closed pool starts nothing
     assert key not in pool._spares
 
 
@@ -119,8 +121,8 @@ def test_baselines_measured_in_a_spare_baseline_process(tmp_path: Path, pool: wa
     kw = dict(warm=True, warm_baseline=True, profile=True, protocol=FAST, baseline_cache=False)
     first = run(tmp_path / "a", C.AXPBY_TASK, C.axpby(), **{**kw, "profile": False})  # leaves the spares
     assert first.status == "ok" and "baseline_warm_start" not in first.details, first.message
-    opts = E.EvalOptions(device="cpu")
-    key = E._baseline_spare_key(opts, "cpu", E._usable_cores())
+    opts = EvalOptions(device="cpu")
+    key = processes.baseline_spare_key(opts, "cpu", usable_cores())
     spare = wait_for(pool, key)
     assert (spare.work / "out" / ".spare-ready").exists() and list(spare.procs) == ["baseline"]
     second = run(tmp_path / "b", C.AXPBY_TASK, C.axpby(), **kw)
@@ -135,7 +137,7 @@ def test_baselines_measured_in_a_spare_baseline_process(tmp_path: Path, pool: wa
     proc.wait()
     spare.procs["baseline"] = warm.Proc(  # a process that ends without reading a job
         [sys.executable, "-c", "import time; time.sleep(10)"], cwd=spare.work / "out", writable=[spare.work / "out"],
-        config=E._sandbox_config(opts, 60, "cpu"), timeout_s=60)
+        config=processes.sandbox_config(opts, 60, "cpu"), timeout_s=60)
     third = run(tmp_path / "c", C.AXPBY_TASK, C.axpby(), **kw)
     assert third.status == "ok" and "baseline_spare_failed" in third.details, third.details
     assert "baseline_warm_start" not in third.details and third.times_us["compile"]["median_us"] > 0
@@ -146,11 +148,11 @@ def test_a_spare_started_during_a_measurement_waits_for_its_end(tmp_path: Path, 
     """A spare offered while a measurement of its device is in flight does nothing of its
     device stage (on the CPU: nothing at all) until the measurement ends; a job it is
     given meanwhile is its go, so an evaluation never waits on the one that holds it."""
-    opts = E.EvalOptions(device="cpu")
-    threads = E._usable_cores()
-    key = E._spare_key(opts, "cpu", threads)
-    with pool.measuring(E._device_key(opts, "cpu")):
-        pool.offer(key, lambda: E._start_spare(opts, "cpu", threads))
+    opts = EvalOptions(device="cpu")
+    threads = usable_cores()
+    key = processes.spare_key(opts, "cpu", threads)
+    with pool.measuring(processes.device_key(opts, "cpu")):
+        pool.offer(key, lambda: processes.start_spare(opts, "cpu", threads))
         spare = pool._spares[key]
         time.sleep(3.0)  # long enough for a warm-up on this machine
         assert all(p.alive() for p in spare.procs.values()) and not spare.released
@@ -161,8 +163,8 @@ def test_a_spare_started_during_a_measurement_waits_for_its_end(tmp_path: Path, 
     res_key = pool.take(key)
     assert res_key is spare
     spare.close()
-    with pool.measuring(E._device_key(opts, "cpu")):
-        pool.offer(key, lambda: E._start_spare(opts, "cpu", threads))
+    with pool.measuring(processes.device_key(opts, "cpu")):
+        pool.offer(key, lambda: processes.start_spare(opts, "cpu", threads))
         held = pool._spares[key]
         time.sleep(1.0)  # (usually waiting for the go by now)
         t0 = time.monotonic()

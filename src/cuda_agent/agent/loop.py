@@ -296,11 +296,11 @@ class Episode:
                                    device_lock=self.eval_lock)
         self.service.start()
         locked = [(self.ws / name, str(self.ws / name)) for name in LOCKED if (self.ws / name).exists()]
-        from cuda_agent.evaluator.evaluate import _python_env
+        from cuda_agent.evaluator.processes import python_env
 
         # PYTHONPATH too: the workspace commands import cuda_agent also where it is not installed
         env = {SOCKET_ENV: str(self.service.path), "CUDA_AGENT_WORKSPACE": str(self.ws),
-               "PYTHONPATH": _python_env(self.device)["PYTHONPATH"]}
+               "PYTHONPATH": python_env(self.device)["PYTHONPATH"]}
         shell = ShellSession(self.ws, control, readonly=[*locked, (control, str(control))], env=env,
                              sandbox=self.cfg.sandbox, gpu_index=self.cfg.gpu_index)
         tools = Tools(self.ws, shell, command_timeout_s=self.cfg.command_timeout_s,

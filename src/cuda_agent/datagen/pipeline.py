@@ -137,7 +137,7 @@ def with_size(code: str, var: str, value: int) -> str:
 def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
     """Run the sandboxed stages; returns check.py's result (or a failure of `runs`)."""
     from cuda_agent import sandbox
-    from cuda_agent.evaluator.evaluate import _python_env
+    from cuda_agent.evaluator.processes import python_env
 
     with tempfile.TemporaryDirectory(prefix="datagen-") as d:
         work = Path(d)
@@ -167,7 +167,7 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         (work / "spec.json").write_text(json.dumps(spec))
         conf = sandbox.SandboxConfig(enabled=cfg.sandbox, timeout_s=cfg.timeout_s,
                                      gpu_index=cfg.gpu_index if cfg.device == "cuda" else None)
-        env = _python_env(cfg.device, cfg.threads)
+        env = python_env(cfg.device, cfg.threads)
         cache = work / "inductor"
         cache.mkdir()
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)

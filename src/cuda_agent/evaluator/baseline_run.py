@@ -3,26 +3,23 @@
 `python -m cuda_agent.evaluator.baseline_run SPEC.json` runs in the sandbox with no
 candidate code in it, so nothing a candidate does can make the baselines slower. It
 compiles first (seconds of CPU work, which may overlap the candidate's verification),
-writes `compiled` to its output directory, then waits for `go` in the gate directory
-before it measures, so that its timing never shares the device with another
-measurement. The result, `baseline.json`, is what `baselines.store` caches.
-
-`... SPEC.json --wait DEVICE IDLE_S` starts ahead of its job (see `warm`): torch, the CUDA
-context, torch.compile's machinery (a trivial function compiled) and the profiler first,
-then up to IDLE_S seconds of waiting for SPEC.json.
+marks its output directory `compiled`, then waits for `go` in the gate directory before
+it measures, so that its timing never shares the device with another measurement. Its
+`BaselineReport` is what `baselines.store` caches (files: `protocol.BaselineLayout`).
+A spare (see `child`) has imported torch.compile's machinery, compiled a trivial function
+and started the profiler once before its task is known.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluator import timing  # binds its clocks first
-from cuda_agent.evaluator.waiting import wait_as_spare, wait_for
+from cuda_agent.evaluator import child, timing  # timing binds its clocks first
+from cuda_agent.evaluator import protocol as P
 
 
 def copy_bandwidth_gbps(device: Any) -> float:
@@ -44,11 +41,12 @@ def copy_bandwidth_gbps(device: Any) -> float:
     return 2 * n * 10 / (start.elapsed_time(end) / 1e3) / 1e9
 
 
-def main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    out = Path(spec["out_dir"])
-    gate = Path(spec["gate_dir"])
-    result: dict[str, Any] = {"ok": False}
+def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
+    spec = P.BaselineSpec.read(spec_path)
+    if spec is None:
+        return 1  # the parent wrote it: never happens, and the parent reports no report
+    layout = P.BaselineLayout(Path(spec.base))
+    result = P.BaselineReport()
     phase = "import torch"
     t0 = time.perf_counter()
     try:
@@ -57,21 +55,20 @@ def main(spec_path: str) -> int:
         from cuda_agent.evaluator.tensors import seed_all, to_device
         from cuda_agent.tasks import import_task_module, task_from_code
 
-        if spec.get("threads"):
-            torch.set_num_threads(int(spec["threads"]))
-        device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        device = torch.device("cuda" if spec.device == "cuda" else "cpu")
         phase = "import task"
-        task = task_from_code(Path(spec["task_path"]).read_text(), name=spec.get("task_name", "task"),
-                              source=spec["task_path"])
+        task = task_from_code(layout.task_code.read_text(), name=spec.task_name, source=str(layout.task_code))
         mod = import_task_module(task)
         phase = "Model(*get_init_inputs())"
-        seed_all(spec["init_seed"])
+        seed_all(spec.init_seed)
         init_inputs = mod.get_init_inputs()
         init_inputs = list(init_inputs) if isinstance(init_inputs, (list, tuple)) else [init_inputs]
-        seed_all(spec["init_seed"])
+        seed_all(spec.init_seed)
         eager = mod.Model(*init_inputs).eval().to(device)
         sets = []
-        for seed in spec["seeds"]:
+        for seed in spec.seeds:
             phase = "get_inputs"
             seed_all(seed)
             inputs = mod.get_inputs()
@@ -84,29 +81,29 @@ def main(spec_path: str) -> int:
         # made (a module that raised part-way registers its cache artifacts again when it
         # is imported again), so the evaluator retries in a fresh process instead.
         try:
-            compiled = torch.compile(eager, mode=None if spec["compile_mode"] == "default" else spec["compile_mode"])
+            compiled = torch.compile(eager, mode=None if spec.compile_mode == "default" else spec.compile_mode)
             with torch.no_grad():
                 got = compiled(*sets[0])
                 want = eager(*sets[0])
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            result["compile_matches_eager"] = _close(got, want)
+            result.compile_matches_eager = _close(got, want)
         except Exception as exc:  # inductor cannot compile this model: compare to eager instead
             compiled = None
-            result["compile_error"] = f"{type(exc).__name__}: {exc}"[:1500]
-            result["compile_traceback"] = traceback.format_exc(limit=12)[-3000:]
-        result["compile_s"] = time.perf_counter() - t_c
-        (out / "compiled").write_text("compiled")
+            result.compile_error = f"{type(exc).__name__}: {exc}"[:1500]
+            result.compile_traceback = traceback.format_exc(limit=12)[-3000:]
+        result.compile_s = time.perf_counter() - t_c
+        P.write_marker(layout.out / P.COMPILED)
         phase = "waiting for the device"
-        if not wait_for([gate / "go"], time.monotonic() + spec.get("gate_timeout_s", 600)):
+        if not child.wait_for([layout.gate / P.GO], time.monotonic() + spec.gate_timeout_s):
             raise TimeoutError("never given the device to measure on")
         phase = "timing"
         subjects: dict[str, Any] = {"eager": eager}
         if compiled is not None:
             subjects["compile"] = compiled
-        proto = timing.Protocol(**spec["protocol"])
+        proto = timing.Protocol(**spec.protocol)
         spent: dict[str, float] = {}
-        result["measure_s"] = spent
+        result.measure_s = spent
         try:
             res = timing.measure(subjects, sets, device.type, proto, spent_s=spent, probe=True)
         except Exception as exc:
@@ -114,29 +111,29 @@ def main(spec_path: str) -> int:
                 raise
             # The compiled module compiled and matched, then failed on a later call (a
             # recompilation for new buffers, say): time eager alone, and say why.
-            result["compile_error"] = f"the compiled module failed while timed: {type(exc).__name__}: {exc}"[:1500]
-            result["compile_traceback"] = traceback.format_exc(limit=12)[-3000:]
+            result.compile_error = f"the compiled module failed while timed: {type(exc).__name__}: {exc}"[:1500]
+            result.compile_traceback = traceback.format_exc(limit=12)[-3000:]
             compiled, subjects = None, {"eager": eager}
             phase = "timing eager"
             res = timing.measure(subjects, sets, device.type, proto, spent_s=spent, probe=True)
-        result.update({name: m.summary() for name, m in res.items()})
-        if compiled is None:
-            result["compile"] = result["eager"]
+        summaries = {name: m.summary() for name, m in res.items()}
+        result.eager = summaries["eager"]
+        result.compile = summaries.get("compile", summaries["eager"])
+        result.probe = summaries.get(timing.PROBE)
         if device.type == "cuda":
-            result["copy_gbps"] = copy_bandwidth_gbps(device)
-            result["device_name"] = torch.cuda.get_device_name(device)
-        result["threads"] = torch.get_num_threads()
-        result["torch_version"] = torch.__version__
-        result["ok"] = True
+            result.copy_gbps = copy_bandwidth_gbps(device)
+            result.device_name = torch.cuda.get_device_name(device)
+        result.threads = torch.get_num_threads()
+        result.torch_version = torch.__version__
+        result.ok = True
     except BaseException as exc:  # the task's own code failed: report it, whatever it was
-        result.update(error=f"{type(exc).__name__}: {exc}"[:2000], phase=phase,
-                      traceback=traceback.format_exc(limit=8)[-3000:])
-        (out / "compiled").write_text("failed")
-    result["seconds"] = time.perf_counter() - t0
-    tmp = out / "baseline.json.tmp"
-    tmp.write_text(json.dumps(result))
-    tmp.replace(out / "baseline.json")
-    return 0 if result["ok"] else 1
+        result.error = f"{type(exc).__name__}: {exc}"[:2000]
+        result.phase = phase
+        result.traceback = traceback.format_exc(limit=8)[-3000:]
+        P.write_marker(layout.out / P.COMPILED)  # (measuring may start: there is nothing to measure)
+    result.seconds = time.perf_counter() - t0
+    result.write(layout.report)
+    return 0 if result.ok else 1
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -149,12 +146,6 @@ def _close(a: Any, b: Any) -> bool:
     return True
 
 
-def warm_host(device: str) -> None:
-    """Before its task is known, what touches only the host (on CUDA; see `candidate.warm_host`)."""
-    if device == "cuda":
-        _imports()
-
-
 def _imports() -> None:
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
@@ -164,14 +155,11 @@ def _imports() -> None:
     from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
 
 
-def warm_device(device: str) -> None:
-    """The rest of what every baseline process does before its task is known."""
-    _imports()
-    if device != "cuda":
-        return  # (a trivial compile on the CPU is a C++ build: seconds of the cores tests share)
+def _warm_compiler_and_profiler() -> None:
+    """torch.compile's workers and caches up, the profiler started once (on CUDA: on the
+    CPU a trivial compile is a C++ build, seconds of the cores others are timed on)."""
     import torch
 
-    torch.cuda.init()
     x = torch.ones(1024, device="cuda")
 
     def trivial(t: Any) -> Any:
@@ -188,14 +176,9 @@ def warm_device(device: str) -> None:
     timing.profiled_events(prof)
 
 
-def _entry(argv: list[str]) -> int:
-    if len(argv) == 4 and argv[1] == "--wait":
-        if wait_as_spare(argv, warm_host, warm_device) is None:  # (in its output directory, its cwd)
-            return 0
-    return main(argv[0])
-
+WARMUP = child.Warmup(imports=_imports, cuda=_warm_compiler_and_profiler)
 
 if __name__ == "__main__":
-    # (A normal exit, unlike the candidate's: torch.compile's worker processes are shut
-    # down by its exit handlers, and ones left behind would hold the output pipes open.)
-    sys.exit(_entry(sys.argv[1:]))
+    # A normal exit, unlike the candidate's: torch.compile's worker processes are shut
+    # down by its exit handlers, and ones left behind would hold the output pipes open.
+    child.run(sys.argv[1:], main, WARMUP, hard_exit=False)

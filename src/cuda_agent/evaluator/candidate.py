@@ -1,35 +1,37 @@
 """Candidate process: imports `model_new.py` and the built extension, runs the trials.
 
 `python -m cuda_agent.evaluator.candidate SPEC.json` runs inside the sandbox with only
-its run directory writable. `... SPEC.json --wait DEVICE IDLE_S` is a process started
-ahead of its job (see `warm`): it imports torch (on CUDA at once, on the CPU after the
-go), creates the CUDA context and starts the profiler once (its first start costs
-seconds; both after the go), all with no candidate code in it, then waits up to IDLE_S
-seconds for SPEC.json to appear and runs it like the first form. It never sees the expected outputs: it writes each trial's
-outputs (and what the runtime guards saw) to `out/`, and the trusted parent compares.
-Files here are read by the parent with `torch.load(weights_only=True)` and plain JSON.
+its run directory writable (see `protocol` for the files and records, `child` for the
+spare form). A spare imports torch, creates the CUDA context and starts the profiler once
+(its first start costs seconds) with no candidate code in it. It never sees the expected
+outputs: it writes each trial's outputs (and what the runtime guards saw) to `out/`, and
+the trusted parent compares. Files here are read by the parent with
+`torch.load(weights_only=True)` and as `protocol` records.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-_progress_path: Path | None = None
+from cuda_agent.evaluator import child
+from cuda_agent.evaluator import protocol as P
+
 _t_start = time.perf_counter()
-_phases: dict[str, float] = {}  # phase -> seconds since process start when it began
+_phases: dict[str, float] = {}  # phase -> seconds since the job's start when it began
 
 
-def _progress(phase: str, **extra: Any) -> None:
-    key = phase if "trial" not in extra else f"{phase} {extra['trial']}"
-    _phases[key] = round(time.perf_counter() - _t_start, 4)
+_progress_path: Path | None = None
+
+
+def _progress(phase: str, trial: int | None = None) -> None:
+    """Where the process is, for the parent's messages (`protocol.Progress`)."""
+    _phases[phase if trial is None else f"{phase} {trial}"] = round(time.perf_counter() - _t_start, 4)
     if _progress_path is not None:
-        _progress_path.write_text(json.dumps({"phase": phase, **extra}))
+        P.Progress(phase=phase, trial=trial).write(_progress_path)
 
 
 def _load_extension(name: str, path: str) -> Any:
@@ -105,45 +107,25 @@ def _forward_watching_streams(model: Any, inputs: list[Any], g: Any, modules: li
     return result, info
 
 
-def warm_host(device: str) -> None:
-    """What a candidate process does before its job that touches only the host: beside a
-    measurement on the GPU it may run (see `warm`); on the CPU it would not, so there it
-    is left to the device stage."""
-    if device == "cuda":
-        _imports()
-
-
-def _imports() -> None:
-    import torch  # noqa: F401
-
-    from cuda_agent.evaluator import guards, tensors, timing  # noqa: F401  (timing binds its clocks)
-    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
-
-
-def warm_device(device: str) -> None:
-    """The rest of what a candidate process does before its job is known."""
-    _imports()
-    if device == "cuda":
-        import torch
-
-        from cuda_agent.evaluator import timing
-
-        torch.cuda.init()
-        timing.warm_profiler(device)
-
-
-def main(spec_path: str) -> int:
-    global _progress_path
-    spec = json.loads(Path(spec_path).read_text())
-    run_dir = Path(spec["run_dir"])
-    out = run_dir / "out"
-    _progress_path = out / "progress.json"
-    report: dict[str, Any] = {"trials": [], "ok": False}
+def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
+    global _progress_path, _t_start
+    if spare_stages:
+        _t_start = time.perf_counter()  # phases count from the job's arrival
+        _phases.update(spare_stages)
+    spec = P.CandidateSpec.read(spec_path)
+    if spec is None:
+        return 1  # the parent wrote it: never happens, and the parent reports no report
+    run = P.RunLayout(Path(spec.work))
+    _progress_path = run.progress
+    report = P.CandidateReport()
 
     def finish(**fields: Any) -> int:
         _progress("done")
-        report.update(fields, phases_s=_phases)
-        (out / "report.json").write_text(json.dumps(report))
+        for k, v in fields.items():
+            setattr(report, k, v)
+        report.phases_s = _phases
+        report.write(run.candidate_report)
+        P.write_marker(run.out / P.DEVICE_FREE)
         return 0
 
     try:
@@ -154,30 +136,28 @@ def main(spec_path: str) -> int:
         from cuda_agent.evaluator import guards, rules, timing
         from cuda_agent.evaluator.tensors import describe, seed_all, tensors, to_device, tree_map
 
-        device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
+        device = torch.device("cuda" if spec.device == "cuda" else "cpu")
         if device.type == "cuda":
             torch.cuda.init()
-        if spec.get("threads"):
-            torch.set_num_threads(int(spec["threads"]))
-        prof_spec = spec.get("profile")
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
         reference_model: Any = None
-        if prof_spec:
+        if spec.profile:
             # The task's Model class is defined from the trusted copy before candidate code runs.
             from cuda_agent.tasks import import_task_module, task_from_code
 
-            task = task_from_code(Path(prof_spec["task_path"]).read_text(), name="task",
-                                  source=prof_spec["task_path"])
+            task = task_from_code(run.candidate_task_code.read_text(), name="task",
+                                  source=str(run.candidate_task_code))
             reference_model = import_task_module(task).Model
-        inputs_dir = Path(spec["inputs_dir"])
         modules = []
         _progress("load extension")
-        for ext in spec["extensions"]:
+        for ext in spec.extensions:
             try:
-                modules.append(_load_extension(ext["name"], ext["so_path"]))
+                modules.append(_load_extension(ext.name, ext.so_path))
             except Exception as exc:
-                return finish(error="runtime", phase="load extension",
-                              message=f"the built extension {ext['name']} failed to load: {type(exc).__name__}: {exc}")
-        if spec["format"] == "single_file":
+                return finish(error=P.ERROR_RUNTIME, phase="load extension",
+                              message=f"the built extension {ext.name} failed to load: {type(exc).__name__}: {exc}")
+        if spec.format == "single_file":
             import torch.utils.cpp_extension as ce
 
             by_name = {m.__name__: m for m in modules}
@@ -191,153 +171,154 @@ def main(spec_path: str) -> int:
             ce.load = prebuilt  # type: ignore[assignment]
 
         _progress("import model_new.py")
-        sys.path.insert(0, str(run_dir))
+        sys.path.insert(0, str(run.run))
         try:
             import model_new  # type: ignore[import-not-found]
         except BaseException as exc:
-            return finish(error="runtime", phase="import model_new.py",
+            return finish(error=P.ERROR_RUNTIME, phase="import model_new.py",
                           message=f"model_new.py failed to import: {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc(limit=6)[-3000:])
         ModelNew = getattr(model_new, "ModelNew", None)
         if not isinstance(ModelNew, type) or not issubclass(ModelNew, torch.nn.Module):
-            return finish(error="rejected", rule=rules.MISSING_MODELNEW,
+            return finish(error=P.ERROR_REJECTED, rule=rules.MISSING_MODELNEW,
                           message="model_new.py defines no class ModelNew(nn.Module).")
 
         _progress("wait for reference inputs")
-        while not (inputs_dir / "ready").exists():
-            if (inputs_dir / "failed").exists():
-                return finish(error="reference", message="the reference Model failed")
+        while not (run.shared / P.READY).exists():
+            if (run.shared / P.FAILED).exists():
+                return finish(error=P.ERROR_REFERENCE, message="the reference Model failed")
             time.sleep(0.005)
         _progress("ModelNew(*get_init_inputs())")
-        init_inputs = torch.load(inputs_dir / "init_inputs.pt", weights_only=True)
-        seed_all(spec["init_seed"])
+        init_inputs = torch.load(run.init_inputs(), weights_only=True)
+        seed_all(spec.init_seed)
         try:
             model = ModelNew(*init_inputs).eval().to(device)
         except BaseException as exc:
-            return finish(error="runtime", phase="ModelNew.__init__",
+            return finish(error=P.ERROR_RUNTIME, phase="ModelNew.__init__",
                           message=f"ModelNew(*get_init_inputs()) raised {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc(limit=6)[-3000:])
-        state = torch.load(inputs_dir / "state_dict.pt", weights_only=True)
-        mine = model.state_dict()
-        missing = sorted(set(state) - set(mine))
-        unexpected = sorted(set(mine) - set(state))
-        shapes = [f"{k}: reference {list(state[k].shape)}, ModelNew {list(mine[k].shape)}"
-                  for k in sorted(set(state) & set(mine)) if state[k].shape != mine[k].shape]
-        if missing or unexpected or shapes:
-            parts = []
-            if missing:
-                parts.append(f"missing in ModelNew: {', '.join(missing[:8])}")
-            if unexpected:
-                parts.append(f"not in Model: {', '.join(unexpected[:8])}")
-            if shapes:
-                parts.append("shape mismatch: " + "; ".join(shapes[:4]))
-            return finish(error="incorrect", rule=rules.PARAMETERS,
-                          message="ModelNew's parameters do not match Model's state_dict (" + "; ".join(parts)
+        state = torch.load(run.state_dict(), weights_only=True)
+        mismatch = _parameter_mismatch(state, model.state_dict())
+        if mismatch:
+            return finish(error=P.ERROR_INCORRECT, rule=rules.PARAMETERS,
+                          message="ModelNew's parameters do not match Model's state_dict (" + mismatch
                           + "). Keep the same parameters and buffers, with the same names and shapes.")
         model.load_state_dict(state, strict=True)
 
-        for k in range(spec["trials"]):
+        for k in range(spec.trials):
             _progress("trial", trial=k + 1)
-            cpu_inputs = torch.load(inputs_dir / f"inputs_{k}.pt", weights_only=True)
-            inputs = to_device(cpu_inputs, device)
+            inputs = to_device(torch.load(run.inputs(k), weights_only=True), device)
             pristine = tree_map(inputs, lambda t: t.clone())
             g = guards.GuardReport()
-            trial: dict[str, Any] = {"trial": k + 1}
-            report["trials"].append(trial)
+            trial = P.TrialReport(trial=k + 1)
+            report.trials.append(trial)
             t0 = time.perf_counter()
             try:
                 if device.type == "cuda" and k == 0:
-                    result, trial["streams"] = _forward_watching_streams(model, inputs, g, modules)
+                    result, trial.streams = _forward_watching_streams(model, inputs, g, modules)
                 else:
                     result = guards.call_guarded(model, inputs, g, modules)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
             except BaseException as exc:
-                trial["guard"] = g.first_violation()
-                trial["exception"] = f"{type(exc).__name__}: {exc}"[:3000]
-                trial["traceback"] = traceback.format_exc(limit=6)[-3000:]
-                return finish(error="forward")
-            trial["forward_s"] = time.perf_counter() - t0
-            trial["guard"] = g.first_violation()
-            trial["extension_calls"] = g.extension_calls
-            trial["ops"] = g.ops_seen
-            trial["structure"] = describe(result)
+                trial.guard = _guard(g)
+                trial.exception = f"{type(exc).__name__}: {exc}"[:3000]
+                trial.traceback = traceback.format_exc(limit=6)[-3000:]
+                return finish(error=P.ERROR_FORWARD)
+            trial.forward_s = time.perf_counter() - t0
+            trial.guard = _guard(g)
+            trial.extension_calls = g.extension_calls
+            trial.ops = g.ops_seen
+            trial.structure = describe(result)
             in_spans = [(p, _storage_span(t)) for p, t in tensors(inputs, "input")]
-            aliases = []
             for p, t in tensors(result):
                 lo, hi = _storage_span(t)
                 for ip, (ilo, ihi) in in_spans:
                     if lo < ihi and ilo < hi and hi > lo:
-                        aliases.append(f"{p} shares memory with {ip}")
-            trial["aliases"] = aliases
-            mutated = [p for (p, a), (_, b) in zip(tensors(inputs, "input"), tensors(pristine, "input"), strict=True)
-                       if not _same(a, b)]
-            trial["mutated_inputs"] = mutated
-            exact = all(type(t) is torch.Tensor for _, t in tensors(result))
-            trial["exact_types"] = exact
-            if exact:
-                torch.save(tree_map(result, lambda t: t.detach().to("cpu").clone()), out / f"out_{k}.pt")
-            (out / "report.json").write_text(json.dumps(report))
-            streams = trial.get("streams") or {}
-            if streams.get("foreign"):
-                trial["guard"] = (rules.STREAM,
-                                  f"kernels ran on a stream other than the current one ({', '.join(streams['foreign'][:3])}); "
-                                  "launch all work on c10::cuda::getCurrentCUDAStream() so callers can wait for it.")
-            if trial["guard"] or aliases or mutated or not exact or g.extension_calls == 0:
-                return finish(error="checks")
+                        trial.aliases.append(f"{p} shares memory with {ip}")
+            trial.mutated_inputs = [
+                p for (p, a), (_, b) in zip(tensors(inputs, "input"), tensors(pristine, "input"), strict=True)
+                if not _same(a, b)]
+            trial.exact_types = all(type(t) is torch.Tensor for _, t in tensors(result))
+            if trial.exact_types:
+                torch.save(tree_map(result, lambda t: t.detach().to("cpu").clone()), run.output(k))
+            report.write(run.candidate_report)
+            if trial.streams.get("foreign"):
+                trial.guard = [rules.STREAM,
+                               f"kernels ran on a stream other than the current one "
+                               f"({', '.join(trial.streams['foreign'][:3])}); launch all work on "
+                               "c10::cuda::getCurrentCUDAStream() so callers can wait for it."]
+            if (trial.guard or trial.aliases or trial.mutated_inputs or not trial.exact_types
+                    or g.extension_calls == 0):
+                return finish(error=P.ERROR_CHECKS)
             del result, inputs, pristine
-        if prof_spec:
-            report["verified"] = True
-            (out / "report.json").write_text(json.dumps(report))
+        if spec.profile:
+            report.verified = True
+            report.write(run.candidate_report)
             _progress("waiting for the device")
-            go = Path(prof_spec["gate_dir"])
-            deadline = time.monotonic() + float(prof_spec.get("gate_timeout_s", 600))
-            while not (go / "go").exists():
-                if (go / "cancel").exists() or time.monotonic() > deadline:
-                    return finish(ok=True, profile_skipped=True)
-                time.sleep(0.005)
+            P.write_marker(run.out / P.DEVICE_FREE)
+            go, cancel = run.gate / P.GO, run.gate / P.CANCEL
+            if not child.wait_for([go, cancel], time.monotonic() + spec.profile.gate_timeout_s) \
+                    or not go.exists():
+                return finish(ok=True, profile_skipped=True)
             _progress("profile")
             t_p = time.perf_counter()
-            seed_all(spec["init_seed"])
-            eager = reference_model(*torch.load(inputs_dir / "init_inputs.pt", weights_only=True)).eval().to(device)
-            eager.load_state_dict(torch.load(inputs_dir / "state_dict.pt", weights_only=True), strict=True)
-            sets = [to_device(torch.load(inputs_dir / f"inputs_{k}.pt", weights_only=True), device)
-                    for k in range(spec["trials"])]
+            seed_all(spec.init_seed)
+            eager = reference_model(*torch.load(run.init_inputs(), weights_only=True)).eval().to(device)
+            eager.load_state_dict(torch.load(run.state_dict(), weights_only=True), strict=True)
+            sets = [to_device(torch.load(run.inputs(k), weights_only=True), device) for k in range(spec.trials)]
             spent: dict[str, float] = {}
             res = timing.measure({"candidate": model, "eager": eager}, sets, device.type,
-                                 timing.Protocol(**prof_spec["protocol"]), keep_outputs=["candidate"], spent_s=spent,
-                                 probe=True, loose=["eager"])
+                                 timing.Protocol(**spec.profile.protocol), keep_outputs=["candidate"],
+                                 spent_s=spent, probe=True, loose=["eager"])
             for k, o in res["candidate"].outputs.items():
-                torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), out / f"timed_{k}.pt")
-            report["profile"] = {name: m.summary() for name, m in res.items()}
-            report["profile"]["timed_outputs"] = sorted(res["candidate"].outputs)
-            report["profile"]["threads"] = torch.get_num_threads()
-            report["profile"]["seconds"] = time.perf_counter() - t_p
-            report["profile"]["measure_s"] = spent
+                torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), run.timed_output(k))
+            summaries = {name: m.summary() for name, m in res.items()}
+            report.profile = P.ProfileReport(
+                candidate=summaries["candidate"], eager=summaries["eager"], probe=summaries.get(timing.PROBE),
+                timed_outputs=sorted(res["candidate"].outputs), threads=torch.get_num_threads(),
+                seconds=time.perf_counter() - t_p, measure_s=spent)
         return finish(ok=True)
     except BaseException as exc:
-        return finish(error="runtime", phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],
+        return finish(error=P.ERROR_RUNTIME, phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],
                       traceback=traceback.format_exc(limit=8)[-3000:])
 
 
-def _entry(argv: list[str]) -> int:
-    global _t_start
-    if len(argv) == 4 and argv[1] == "--wait":
-        from cuda_agent.evaluator.waiting import wait_as_spare
+def _guard(g: Any) -> list[str] | None:
+    first = g.first_violation()
+    return list(first) if first else None
 
-        stages = wait_as_spare(argv, warm_host, warm_device)  # (in the run directory, its cwd)
-        if stages is None:
-            return 0  # nobody came: a spare that was not needed
-        _t_start = time.perf_counter()  # phases count from the job's arrival
-        _phases.update(stages)
-    return main(argv[0])
 
+def _parameter_mismatch(state: dict[str, Any], mine: dict[str, Any]) -> str:
+    """What differs between the reference's state_dict and ModelNew's, in words; "" if nothing."""
+    missing = sorted(set(state) - set(mine))
+    unexpected = sorted(set(mine) - set(state))
+    shapes = [f"{k}: reference {list(state[k].shape)}, ModelNew {list(mine[k].shape)}"
+              for k in sorted(set(state) & set(mine)) if state[k].shape != mine[k].shape]
+    parts = []
+    if missing:
+        parts.append(f"missing in ModelNew: {', '.join(missing[:8])}")
+    if unexpected:
+        parts.append(f"not in Model: {', '.join(unexpected[:8])}")
+    if shapes:
+        parts.append("shape mismatch: " + "; ".join(shapes[:4]))
+    return "; ".join(parts)
+
+
+def _imports() -> None:
+    import torch  # noqa: F401
+
+    from cuda_agent.evaluator import guards, tensors, timing  # noqa: F401  (timing binds its clocks)
+    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
+
+
+def _warm_profiler() -> None:
+    from cuda_agent.evaluator import timing
+
+    timing.warm_profiler("cuda")
+
+
+WARMUP = child.Warmup(imports=_imports, cuda=_warm_profiler)
 
 if __name__ == "__main__":
-    rc = _entry(sys.argv[1:])
-    # Its report is written and closed: skip the interpreter's and CUDA's teardown
-    # (destructors of every tensor, the context), most of a second on the GPU, which
-    # the evaluator would otherwise wait for.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    child.run(sys.argv[1:], main, WARMUP)

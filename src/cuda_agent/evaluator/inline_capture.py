@@ -8,11 +8,11 @@ letting the candidate drive the compiler. The recorded arguments are data, never
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
+
+from cuda_agent.evaluator.protocol import CaptureReport
 
 _FIELDS = ("name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
            "extra_ldflags", "with_cuda")
@@ -58,12 +58,9 @@ def main(run_dir: str, out_path: str) -> int:
         source = (Path(run_dir) / "model_new.py").read_text()
         code = compile(source, "model_new.py", "exec")
         exec(code, {"__name__": "model_new", "__file__": str(Path(run_dir) / "model_new.py")})
-        Path(out_path).write_text(json.dumps({"ok": True, "calls": calls}))
+        CaptureReport(ok=True, calls=calls).write(Path(out_path))
     except BaseException as exc:
-        Path(out_path).write_text(json.dumps({
-            "ok": False, "calls": calls, "error": f"{type(exc).__name__}: {exc}"[:2000],
-            "traceback": traceback.format_exc(limit=6)[-3000:],
-        }))
+        CaptureReport(ok=False, calls=calls, error=f"{type(exc).__name__}: {exc}"[:2000]).write(Path(out_path))
     return 0
 
 

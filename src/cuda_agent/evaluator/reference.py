@@ -1,55 +1,31 @@
 """Reference process: runs the task's `Model` alone, with no candidate code in it.
 
 `python -m cuda_agent.evaluator.reference SPEC.json` writes, for the candidate process,
-the init inputs, the reference state_dict and each trial's inputs (`shared_dir`), and
-keeps each trial's expected outputs where the candidate cannot see them
-(`private_dir`). Because the reference never runs in the candidate's process, nothing
-the reference computed can be recovered from uninitialised memory there.
-
-`... SPEC.json --wait DEVICE IDLE_S` starts ahead of its job (see `warm`): torch (on
-CUDA at once, on the CPU after the go) and the CUDA context (after the go) first, then up
-to IDLE_S seconds of waiting for SPEC.json.
+the init inputs, the reference state_dict and each trial's inputs (`shared/`), and
+keeps each trial's expected outputs where the candidate cannot see them (`private/`; see
+`protocol` for the files and records, `child` for the spare form). Because the reference
+never runs in the candidate's process, nothing the reference computed can be recovered
+from uninitialised memory there.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-
-def warm_host(device: str) -> None:
-    """Before its job, what touches only the host (on CUDA; see `candidate.warm_host`)."""
-    if device == "cuda":
-        _imports()
+from cuda_agent.evaluator import child
+from cuda_agent.evaluator import protocol as P
 
 
-def _imports() -> None:
-    import torch  # noqa: F401
-
-    from cuda_agent.evaluator import tensors  # noqa: F401
-    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
-
-
-def warm_device(device: str) -> None:
-    _imports()
-    if device == "cuda":
-        import torch
-
-        torch.cuda.init()
-        torch.empty(1, device="cuda")
-
-
-def main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    shared = Path(spec["shared_dir"])
-    private = Path(spec["private_dir"])
-    status_file = private / "reference.json"
-    (private / "started").write_text("")  # the job reached this process (see `warm`)
+def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
+    spec = P.ReferenceSpec.read(spec_path)
+    if spec is None:
+        return 1  # the parent wrote it: never happens, and the parent reports no report
+    run = P.RunLayout(Path(spec.work))
+    P.write_marker(run.private / P.STARTED)  # the job reached this process (see `warm`)
     t0 = time.perf_counter()
     phase = "import torch"
     phases: dict[str, float] = {}  # phase -> seconds since the process's start when it began
@@ -64,40 +40,32 @@ def main(spec_path: str) -> int:
         from cuda_agent.evaluator.tensors import describe, seed_all, to_device
         from cuda_agent.tasks import import_task_module, task_from_code
 
-        device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
+        device = torch.device("cuda" if spec.device == "cuda" else "cpu")
         if device.type == "cuda":
             phase = begin("CUDA init")
             torch.cuda.init()
             torch.empty(1, device=device)  # the context, so the phases below are the task's
         phase = begin("import task")
-        code = Path(spec["task_path"]).read_text()
-        task = task_from_code(code, name=spec.get("task_name", "task"), source=spec["task_path"])
+        code = run.task_code.read_text()
+        task = task_from_code(code, name=spec.task_name, source=str(run.task_code))
         mod = import_task_module(task)
         phase = begin("get_init_inputs")
-        seed_all(spec["init_seed"])
-        init_inputs = mod.get_init_inputs()
-        if not isinstance(init_inputs, (list, tuple)):
-            init_inputs = [init_inputs]
-        init_inputs = list(init_inputs)
-        torch.save(init_inputs, shared / "init_inputs.pt")
+        seed_all(spec.init_seed)
+        init_inputs = _as_list(mod.get_init_inputs())
+        torch.save(init_inputs, run.init_inputs())
         phase = begin("Model(*get_init_inputs())")
-        seed_all(spec["init_seed"])
+        seed_all(spec.init_seed)
         model = mod.Model(*init_inputs).eval().to(device)
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, shared / "state_dict.pt")
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, run.state_dict())
         structures: list[Any] = []
         all_inputs = []
-        for k, seed in enumerate(spec["seeds"]):
+        for k, seed in enumerate(spec.seeds):
             phase = f"get_inputs (trial {k + 1})"
             seed_all(seed)
-            inputs = mod.get_inputs()
-            if not isinstance(inputs, (list, tuple)):
-                inputs = [inputs]
-            inputs = list(inputs)
-            torch.save(inputs, shared / f"inputs_{k}.pt")
+            inputs = _as_list(mod.get_inputs())
+            torch.save(inputs, run.inputs(k))
             all_inputs.append(inputs)
-        # The candidate process waits for this before it starts its trials.
-        (shared / "ready.tmp").write_text("ready")
-        os.replace(shared / "ready.tmp", shared / "ready")
+        P.write_marker(run.shared / P.READY)  # the candidate waits for this before its trials
         begin("inputs ready")
         for k, inputs in enumerate(all_inputs):
             phase = begin(f"Model.forward (trial {k + 1})")
@@ -106,35 +74,35 @@ def main(spec_path: str) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             structures.append(describe(out))
-            torch.save(to_device(out, torch.device("cpu"), detach=True), private / f"expected_{k}.pt")
-        status_file.write_text(json.dumps({
-            "ok": True, "structures": structures, "seconds": time.perf_counter() - t0, "phases_s": phases,
-            "n_params": sum(p.numel() for p in model.parameters()),
-        }))
+            torch.save(to_device(out, torch.device("cpu"), detach=True), run.expected(k))
+        P.ReferenceReport(ok=True, structures=structures, seconds=time.perf_counter() - t0, phases_s=phases,
+                          n_params=sum(p.numel() for p in model.parameters())).write(run.reference_report)
         return 0
     except BaseException as exc:  # the task's own code failed: report it, whatever it was
-        tb = traceback.format_exc(limit=8)
-        (shared / "failed").write_text("failed")
-        status_file.write_text(json.dumps({
-            "ok": False, "phase": phase, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-4000:],
-        }))
+        P.write_marker(run.shared / P.FAILED)
+        P.ReferenceReport(ok=False, phase=phase, error=f"{type(exc).__name__}: {exc}"[:2000],
+                          traceback=traceback.format_exc(limit=8)[-4000:]).write(run.reference_report)
         return 1
 
 
-def _entry(argv: list[str]) -> int:
-    if len(argv) == 4 and argv[1] == "--wait":
-        from cuda_agent.evaluator.waiting import wait_as_spare
+def _as_list(values: Any) -> list[Any]:
+    return list(values) if isinstance(values, (list, tuple)) else [values]
 
-        if wait_as_spare(argv, warm_host, warm_device) is None:  # (in the private directory, its cwd)
-            return 0
-    return main(argv[0])
 
+def _imports() -> None:
+    import torch  # noqa: F401
+
+    from cuda_agent.evaluator import tensors  # noqa: F401
+    from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
+
+
+def _context() -> None:
+    import torch
+
+    torch.empty(1, device="cuda")
+
+
+WARMUP = child.Warmup(imports=_imports, cuda=_context)
 
 if __name__ == "__main__":
-    rc = _entry(sys.argv[1:])
-    # Its status file is written and closed: skip the interpreter's and CUDA's teardown
-    # (destructors of every tensor, the context), most of a second on the GPU, which
-    # the evaluator would otherwise wait for.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    child.run(sys.argv[1:], main, WARMUP)

@@ -15,10 +15,11 @@ DEFAULT_THRESHOLD = 0.05
 
 
 @dataclass(frozen=True)
-class Speeds:
-    candidate_s: float
-    eager_s: float
-    compile_s: float
+class Speedups:
+    """A correct solution's speedups: baseline time / candidate time."""
+
+    vs_eager: float
+    vs_compile: float
 
 
 def faster(t: float, t0: float, threshold: float = DEFAULT_THRESHOLD) -> bool:
@@ -26,13 +27,14 @@ def faster(t: float, t0: float, threshold: float = DEFAULT_THRESHOLD) -> bool:
     return t0 > 0 and (t0 - t) / t0 > threshold
 
 
-def milestone(correct: bool, speeds: Speeds | None, threshold: float = DEFAULT_THRESHOLD) -> float:
+def milestone(correct: bool, speedups: Speedups | None, threshold: float = DEFAULT_THRESHOLD) -> float:
     if not correct:
         return -1.0
-    if speeds is None:
+    if speedups is None:
         return 1.0
-    beats_eager = faster(speeds.candidate_s, speeds.eager_s, threshold)
-    beats_compile = faster(speeds.candidate_s, speeds.compile_s, threshold)
+    # in units of the candidate's time: the candidate takes 1, a baseline its speedup
+    beats_eager = faster(1.0, speedups.vs_eager, threshold)
+    beats_compile = faster(1.0, speedups.vs_compile, threshold)
     if beats_eager and beats_compile:
         return 3.0
     if beats_eager:
@@ -40,23 +42,23 @@ def milestone(correct: bool, speeds: Speeds | None, threshold: float = DEFAULT_T
     return 1.0
 
 
-def speedup(correct: bool, speeds: Speeds | None, threshold: float = DEFAULT_THRESHOLD) -> float:
+def speedup(correct: bool, speedups: Speedups | None, threshold: float = DEFAULT_THRESHOLD) -> float:
     if not correct:
         return -1.0
-    if speeds is None or speeds.candidate_s <= 0:
+    if speedups is None:
         return 1.0
-    return speeds.compile_s / speeds.candidate_s
+    return speedups.vs_compile
 
 
-REWARDS: dict[str, Callable[[bool, Speeds | None, float], float]] = {
+REWARDS: dict[str, Callable[[bool, Speedups | None, float], float]] = {
     "milestone": milestone,
     "speedup": speedup,
 }
 
 
-def reward(name: str, correct: bool, speeds: Speeds | None, threshold: float = DEFAULT_THRESHOLD) -> float:
+def reward(name: str, correct: bool, speedups: Speedups | None, threshold: float = DEFAULT_THRESHOLD) -> float:
     try:
         fn = REWARDS[name]
     except KeyError:
         raise ValueError(f"unknown reward {name!r}; choose one of {', '.join(REWARDS)}") from None
-    return fn(correct, speeds, threshold)
+    return fn(correct, speedups, threshold)

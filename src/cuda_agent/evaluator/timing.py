@@ -14,7 +14,7 @@ each set is kept so the caller can compare it with the reference: a cache keyed 
 pointer or shape returns the answer of an earlier call there and fails that check.
 
 - CPU: a monotonic clock around the call. The evaluator's timed processes keep freed
-  memory for the next call (see `evaluate._python_env`), so a call's new outputs cost what
+  memory for the next call (see `processes.python_env`), so a call's new outputs cost what
   they cost on CUDA's caching allocator, not page faults that vary between processes.
 - CUDA: *device time*, the summed durations of all kernels and memory operations on all
   streams that ran while the call was in flight (profiler/CUPTI), beside *wall time*
@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # 3: the device probe is timed beside the subjects; 4: on the CPU, the timed processes keep
-# freed memory (no page faults per call; see `evaluate._python_env`); 5: CUDA device time
+# freed memory (no page faults per call; see `processes.python_env`); 5: CUDA device time
 # leaves out the profiler's range spans (`DEVICE_WORK`): baselines cached before counted them
 PROTOCOL_VERSION = 5
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported

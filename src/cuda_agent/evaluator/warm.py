@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuda_agent import sandbox
-from cuda_agent.evaluator.waiting import GO, READY
+from cuda_agent.evaluator.protocol import SPARE_GO, SPARE_READY
 from cuda_agent.files import atomic_write
 
 IDLE_S = 900.0  # a spare waits this long for a job, then exits
@@ -92,6 +92,19 @@ class Proc:
         self.deadline.at = 0.0
 
 
+def wait_retrying(proc: Proc, from_spare: bool, job_reached: Callable[[], bool],
+                  restart: Callable[[], Proc]) -> tuple[sandbox.RunResult, Proc, str | None]:
+    """Wait for `proc`. A spare's process that ended before its job reached it (not the
+    job's doing) is replaced by a cold one, waited for in turn. Returns the run, the
+    process that gave it, and how the spare ended (None: no retry)."""
+    run = proc.wait()
+    if not from_spare or job_reached() or run.timed_out:
+        return run, proc, None
+    failed = run.describe()
+    proc = restart()
+    return proc.wait(), proc, failed
+
+
 @dataclass
 class Spare:
     work: Path  # the run directory its processes were started on
@@ -109,7 +122,7 @@ class Spare:
         self.released, self.released_at = True, time.monotonic()
         for d in self.ready_dirs:
             with contextlib.suppress(OSError):
-                atomic_write(self.work / d / GO, "")
+                atomic_write(self.work / d / SPARE_GO, "")
 
     def usable(self) -> bool:
         """All its processes still up (not exited, not killed) and inside their idle time."""
@@ -118,7 +131,7 @@ class Spare:
 
     def ready(self) -> bool:
         """Whether its processes have warmed up and wait (each marks its working directory)."""
-        return self.usable() and all((self.work / d / READY).exists() for d in self.ready_dirs)
+        return self.usable() and all((self.work / d / SPARE_READY).exists() for d in self.ready_dirs)
 
     def close(self) -> None:
         for p in self.procs.values():

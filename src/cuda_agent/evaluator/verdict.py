@@ -1,0 +1,207 @@
+"""Verdicts: functions of what the pipeline measured (reports, output files, times) that
+say whether a solution passed, and why not in words an agent can act on. They start no
+process and change nothing; `evaluate` turns a `Verdict` into an `EvalResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuda_agent import sandbox
+from cuda_agent.evaluator import record, rules, speed
+from cuda_agent.evaluator.baselines import Baseline
+from cuda_agent.evaluator.protocol import (
+    CandidateReport,
+    ProfileReport,
+    Progress,
+    ReferenceReport,
+    RunLayout,
+    TrialReport,
+)
+from cuda_agent.evaluator.reward import Speedups
+
+
+@dataclass
+class Verdict:
+    status: str
+    message: str
+    rule: str | None = None
+    trials_passed: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    speed: speed.SpeedOutcome | None = None  # a profiled, correct solution's times
+
+    @property
+    def correct(self) -> bool:
+        return self.status == record.OK
+
+    @property
+    def speedups(self) -> Speedups | None:
+        if self.speed is None:
+            return None
+        return Speedups(vs_eager=self.speed.speedup_vs_eager, vs_compile=self.speed.speedup_vs_compile)
+
+
+def static_verdict(violations: Sequence[Any]) -> Verdict | None:
+    """The static checks' violations (`static_checks.Violation`), the most specific first."""
+    if not violations:
+        return None
+    # "never calls the extension" is usually a consequence of another violation
+    ordered = sorted(violations, key=lambda v: v.rule == rules.NO_EXTENSION)
+    first = ordered[0]
+    more = f" ({len(ordered) - 1} more)" if len(ordered) > 1 else ""
+    status = record.COMPILE_ERROR if first.rule == rules.SYNTAX else record.REJECTED
+    return Verdict(status, str(first) + more, rule=first.rule, details={"violations": [str(v) for v in ordered]})
+
+
+def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, progress: Progress | None,
+                        reference: ReferenceReport, files: RunLayout, trials: int, atol: float, rtol: float,
+                        timeout_s: float) -> Verdict:
+    """The candidate process's trials against the reference's outputs."""
+    where = progress.where() if progress else "start-up"
+    if run.timed_out:
+        return Verdict(record.TIMEOUT, f"the candidate did not finish within {timeout_s:g} s (during {where}); "
+                       "look for an infinite loop or a hung kernel.")
+    if report is None:
+        tail = run.stderr.strip()[-1500:]
+        return Verdict(record.RUNTIME_ERROR, f"the candidate process {run.describe()} during {where}"
+                       + (f"; stderr ends with:\n{tail}" if tail else "."),
+                       details={"signal": run.signal, "returncode": run.returncode})
+    if report.error == "runtime":
+        return Verdict(record.RUNTIME_ERROR, report.message or "runtime error",
+                       details={"traceback": report.traceback})
+    if report.error in ("rejected", "incorrect"):
+        status = record.REJECTED if report.error == "rejected" else record.INCORRECT
+        return Verdict(status, report.message, rule=report.rule)
+    passed = 0
+    for k, trial in enumerate(report.trials):
+        failed = _trial_verdict(trial, k, trials, reference, files, atol, rtol)
+        if failed is not None:
+            failed.trials_passed = passed
+            return failed
+        passed += 1
+    if not report.ok or passed != trials:
+        return Verdict(record.RUNTIME_ERROR, f"the candidate stopped after {passed} trials ({run.describe()}).",
+                       trials_passed=passed)
+    return Verdict(record.OK, f"correct on {passed} of {trials} trials (atol {atol:g}, rtol {rtol:g}).",
+                   trials_passed=passed)
+
+
+def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: ReferenceReport, files: RunLayout,
+                   atol: float, rtol: float) -> Verdict | None:
+    """What is wrong with one trial (None: nothing)."""
+    import torch
+
+    from cuda_agent.evaluator.compare import compare_devices, compare_outputs
+
+    label = f"trial {trial.trial} of {trials}"
+
+    def fail(status: str, message: str, rule: str | None = None, **details: Any) -> Verdict:
+        return Verdict(status, f"{label}: {message}", rule=rule, details=details)
+
+    if trial.guard:
+        return fail(record.REJECTED, trial.guard[1], rule=trial.guard[0])
+    if trial.exception is not None:
+        return fail(record.RUNTIME_ERROR, f"ModelNew.forward raised {trial.exception}", traceback=trial.traceback)
+    if trial.extension_calls == 0:
+        return fail(record.REJECTED, "ModelNew.forward never called into the compiled extension; the work must "
+                    "be done by your kernels.", rule=rules.NO_EXTENSION)
+    if not trial.exact_types:
+        return fail(record.REJECTED, f"outputs must be plain torch.Tensor objects, got {_types(trial.structure)}.",
+                    rule=rules.OUTPUT_TYPE)
+    if trial.aliases:
+        return fail(record.REJECTED, f"{trial.aliases[0]}; outputs must be new tensors, not views of inputs.",
+                    rule=rules.OUTPUT_ALIAS)
+    if trial.mutated_inputs:
+        return fail(record.REJECTED, f"ModelNew changed its input {trial.mutated_inputs[0]}; inputs must be left "
+                    "as they were.", rule=rules.INPUT_MUTATION)
+    if k < len(reference.structures):
+        m = compare_devices(reference.structures[k], trial.structure)
+        if m:
+            return fail(record.INCORRECT, m.message, rule=m.rule)
+    try:
+        expected = torch.load(files.expected(k), weights_only=True)
+        got = torch.load(files.output(k), weights_only=True)
+    except Exception as exc:
+        return fail(record.RUNTIME_ERROR, f"the candidate's outputs could not be read ({type(exc).__name__}: {exc}).")
+    m = compare_outputs(expected, got, atol, rtol)
+    if m:
+        return fail(record.INCORRECT, m.message, rule=m.rule)
+    return None
+
+
+def timed_outputs_verdict(profile: ProfileReport, files: RunLayout, trials: int, atol: float,
+                          rtol: float) -> Verdict | None:
+    """Timed calls must have computed the right answer, not replayed an earlier one."""
+    import torch
+
+    from cuda_agent.evaluator.compare import compare_outputs
+
+    missing = sorted(set(range(trials)) - set(profile.timed_outputs))
+    if missing:
+        return Verdict(record.INCORRECT, f"the check calls made while timing returned no output for trial "
+                       f"{missing[0] + 1}'s inputs.", rule=rules.TIMED_OUTPUT)
+    for k in profile.timed_outputs:
+        try:
+            expected = torch.load(files.expected(k), weights_only=True)
+            got = torch.load(files.timed_output(k), weights_only=True)
+        except Exception as exc:
+            return Verdict(record.RUNTIME_ERROR, f"the outputs of the timed calls could not be read "
+                           f"({type(exc).__name__}: {exc}).")
+        m = compare_outputs(expected, got, atol, rtol)
+        if m:
+            return Verdict(record.INCORRECT, f"a timed call on trial {k + 1}'s inputs returned a wrong result "
+                           f"({m.message}); every call must compute its output from its inputs (no caching of "
+                           "earlier results).", rule=rules.TIMED_OUTPUT)
+    return None
+
+
+def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, device: str, target_rel_ci: float,
+                  drift_bound: float, io_bytes: int) -> Verdict:
+    """Speedups of a correct candidate against the baselines, or the rule its times break."""
+    flags: list[str] = []
+    compile_note = ""
+    if base.extra.get("compile_error"):
+        flags.append(record.FLAG_COMPILE_FAILED)
+        compile_note = (f" torch.compile failed on this task ({str(base.extra['compile_error'])[:200]}), "
+                        "so its baseline is eager.")
+    elif base.extra.get("compile_matches_eager") is False:
+        flags.append(record.FLAG_COMPILE_DIFFERS)
+    sp = speed.judge(profile.candidate, profile.eager, base.eager, base.compile, device, target_rel_ci, drift_bound,
+                     io_bytes=io_bytes, bandwidth_gbps=float(base.extra.get("copy_gbps") or 0.0),
+                     probe_now=profile.probe, probe_base=base.extra.get("probe"))
+    flags += sp.flags
+    details = {**correct.details, **sp.details}
+    if sp.rejected:
+        return Verdict(record.REJECTED, sp.rejected[1], rule=sp.rejected[0], trials_passed=correct.trials_passed,
+                       details=details, flags=flags, speed=sp)
+    what = "device time" if device == "cuda" else "time"
+    return Verdict(record.OK, f"{correct.message} {what}: {sp.speedup_vs_eager:.3f}x eager, "
+                   f"{sp.speedup_vs_compile:.3f}x torch.compile.{compile_note}",
+                   trials_passed=correct.trials_passed, details=details, flags=flags, speed=sp)
+
+
+def not_profiled(correct: Verdict, why: str) -> Verdict:
+    return Verdict(record.OK, f"{correct.message} Not profiled: {why}.", trials_passed=correct.trials_passed,
+                   details=correct.details, flags=[record.FLAG_NOT_PROFILED])
+
+
+def _types(structure: Any) -> str:
+    found: list[str] = []
+
+    def walk(s: Any) -> None:
+        if isinstance(s, dict):
+            if s.get("kind") in ("tensor", "other") and not s.get("exact", False):
+                found.append(str(s.get("type")))
+            items = s.get("items")
+            if isinstance(items, list):
+                for x in items:
+                    walk(x)
+            elif isinstance(items, dict):
+                for x in items.values():
+                    walk(x)
+
+    walk(structure)
+    return ", ".join(found[:3]) or "an unexpected object"
