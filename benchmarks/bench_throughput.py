@@ -30,7 +30,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     os.environ.setdefault("CUDA_AGENT_CACHE", str(root / "cache"))
 
-    from cuda_agent.bench.runner import BenchConfig, run_bench
+    from cuda_agent.bench.jobs import BenchConfig
+    from cuda_agent.bench.runner import run_bench
     from cuda_agent.bench.suite import load_suite
     from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
     from cuda_agent.evaluator.solution import load_solution
