@@ -96,11 +96,10 @@ def drifted(cached: Baseline, eager_now_us: float, probe_now_us: float | None = 
     measured (the device is not what it was), or eager is more than `EAGER_STALE_BOUND`
     (or `bound`, if larger) off (a stale entry). Without a probe on either side, eager against `bound`.
 
-    Eager alone is a poor probe: on a 10 us task on the H200 its device time ranged from
-    25 to 42 us between processes (before protocol 5: see `timing.DEVICE_WORK`) while
-    torch.compile and the candidate stayed within a fraction of a percent, so comparing eager with `bound` re-measured the baselines on
-    most evaluations of such tasks (and, through the scale in `speed`, cut speedups by
-    up to a third)."""
+    Eager alone is a poor probe: on a small task its time varies between processes far
+    more than torch.compile's and the candidate's, so comparing eager with `bound`
+    re-measured the baselines on most evaluations of such tasks (and, through the scale in
+    `speed`, cut speedups)."""
     ref = cached.eager_median
     if ref <= 0:
         return True

@@ -81,9 +81,9 @@ def run(argv: list[str], job: Callable[[Path, dict[str, float]], int], warmup: W
     """Run `job(spec, spare_stages)` as the process's life and exit with its status.
 
     `hard_exit`: once the job's files are written and closed, skip the interpreter's and
-    CUDA's teardown (every tensor's destructor, the context), most of a second on the GPU
-    that the evaluator would otherwise wait for. Off for processes whose exit handlers
-    must run (torch.compile's worker processes would hold the output pipes open)."""
+    CUDA's teardown (every tensor's destructor, the context), which the evaluator would
+    otherwise wait for. Off for processes whose exit handlers must run (torch.compile's
+    worker processes would hold the output pipes open)."""
     stages: dict[str, float] | None = {}
     if len(argv) == 4 and argv[1] == "--wait":
         stages = wait_as_spare(Path(argv[0]), argv[2], float(argv[3]), warmup)

@@ -32,9 +32,9 @@ def few_threads() -> Iterator[None]:
     """torch's intra-op threads, for the comparisons: at most a quarter of the usable cores
     (and 4), restored afterwards. The comparisons run beside sandboxed processes that
     start (the next evaluation's spares import torch meanwhile); with as many threads as
-    cores, every small parallel op waited for a descheduled thread, about 10 ms each, and
-    checking an evaluation's outputs took over 2 s instead of tens of ms (16-core GPU
-    machine). The lock keeps two evaluations' comparisons from restoring each other's count."""
+    cores, every small parallel op waits for a descheduled thread, and those waits, not
+    the comparisons, make up the time of checking an evaluation's outputs. The lock keeps
+    two evaluations' comparisons from restoring each other's count."""
     with _threads_lock:
         before = torch.get_num_threads()
         want = max(1, min(before, usable_cores() // 4, 4))

@@ -80,7 +80,7 @@ class ComputeOpGuard(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Nothing is compiled inside this mode; without this, torch wraps __torch_dispatch__
-        # in a dynamo-disable that imports torch._dynamo (~2 s) on first use.
+        # in a dynamo-disable that imports torch._dynamo (a slow import) on first use.
         return False
 
     def __init__(self, report: GuardReport) -> None:

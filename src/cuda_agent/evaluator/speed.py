@@ -14,11 +14,11 @@ beside the candidate, but only ever downwards:
 If the device is faster now than when the baselines were measured, the baselines shrink
 with it; if it looks slower beside the candidate (a slower device, or a candidate that
 slows its neighbours), nothing is gained. The probe's own spread between processes
-(`PROBE_BAND`) is not read as drift: on the H200 its median ranged over 258-276 us in five
-processes minutes apart (before protocol 5, whose device time is about half that) while
-the candidate and torch.compile stayed within 0.1%, and scaling by it moved speedup_vs_compile by up to 3.7%. A drift beyond a bound re-measures the baselines
-(see `evaluate`). Without a probe on both sides, eager beside the candidate stands in for
-it (a noisier stand-in: see `baselines.drifted`).
+(`PROBE_BAND`) is not read as drift: the probe varies more between processes than the
+candidate and torch.compile do, so scaling by that spread would move speedups by noise
+alone. A drift beyond a bound re-measures the baselines (see `evaluate`). Without a probe
+on both sides, eager beside the candidate stands in for it (a noisier stand-in: see
+`baselines.drifted`).
 
 On CUDA, times are device time (profiler); the wall time beside it is the cross-check:
 work done on the host, in another thread or outside the profiled region shows up as a gap

@@ -2,12 +2,16 @@
 
 `measure(subjects, input_sets, device)` times several callables on the same device in
 the same process, interleaved in rounds (so clock drift hits all alike). Before each
-timed call, outside the measurement, new input values are written: one of the input sets,
-with every floating-point tensor cyclically shifted by a random offset, so no two timed
-calls see the same values and an output memo keyed by pointer, shape or content never
-hits; in two rounds of three into the subject's existing buffers (same memory, new
-values), in the third into newly allocated ones. On CUDA the L2 cache is flushed before
-each timed call.
+timed call, outside the measurement, new input values are written from one of the input
+sets (`_write_inputs`): each contiguous floating-point or complex tensor of more than one
+element gets its set's values in a new order, a random permutation of its elements when
+it has at most `_PERMUTE_MAX` of them and a cyclic shift by a random offset when larger;
+every other tensor (integer, bool, a single element, not contiguous) is copied as it is.
+So, where a task has floating-point inputs, an output memo keyed by pointer, shape or
+content (almost) never hits. In two rounds of three the values go into the subject's
+existing buffers (same memory, new values), in the third into newly allocated ones. With
+`Protocol.shift_inputs` off the sets are copied as they are. On CUDA the L2 cache is
+flushed before each timed call.
 
 Untimed *check calls* on the exact input sets are interleaved at random; the last one on
 each set is kept so the caller can compare it with the reference: a cache keyed by
@@ -46,9 +50,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# 3: the device probe is timed beside the subjects; 4: on the CPU, the timed processes keep
-# freed memory (no page faults per call; see `processes.python_env`); 5: CUDA device time
-# leaves out the profiler's range spans (`DEVICE_WORK`): baselines cached before counted them
+# Part of the baseline cache key: raised whenever a change makes times measured before it
+# incomparable, so cached baselines are measured again (what each version changed:
+# docs/design-log.md).
 PROTOCOL_VERSION = 5
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported
 _rng = random.Random(os.urandom(16))  # private: not the global generators a candidate can seed
@@ -75,8 +79,8 @@ class Protocol:
     # number) need only this, on CUDA and on the CPU
     loose_rel_ci: float = 0.03
     # the device probe: it decides drift beyond 10% and scales beyond its own 5% spread
-    # between processes (`speed.PROBE_BAND`), so 1% is plenty; at 0.5% it kept a small
-    # task's timing going for 200-500 rounds after the candidate had settled in 100
+    # between processes (`speed.PROBE_BAND`), so 1% is plenty; a tighter target kept a small
+    # task's timing going long after the candidate had settled
     probe_rel_ci: float = 0.01
     budget_s: float = 20.0
     flush_l2: bool = True
@@ -139,12 +143,13 @@ class Measurement:
 def _write_inputs(buffers: list[Any], source: list[Any], shift: bool) -> None:
     """Write new values into the subject's input buffers (same memory, new contents).
 
-    With `shift`, each floating-point tensor gets its source's values in a new order: a
-    random permutation of its flattened elements when it is small (up to 65,536), a
-    cyclic shift by a random offset when it is larger (one copy, no index tensor; offsets
-    repeat with probability calls/elements, so an exact-content memo hits well under 1%
-    of calls). The multiset of values is the source's, so ranges and signs the task relies
-    on hold. Integer and bool tensors (indices, masks) are copied as they are.
+    With `shift`, each contiguous floating-point or complex tensor of more than one element
+    gets its source's values in a new order: a random permutation of its flattened elements
+    when it is small (up to 65,536), a cyclic shift by a random offset when it is larger
+    (one copy, no index tensor; offsets repeat with probability calls/elements, so an
+    exact-content memo hits well under 1% of calls). The multiset of values is the
+    source's, so ranges and signs the task relies on hold. Every other tensor (integer and
+    bool ones: indices, masks) is copied as it is; what is not a tensor is left alone.
     """
     import torch
 
@@ -269,9 +274,9 @@ def probe_workload(device: str) -> Callable[..., None]:
 
 def warm_profiler(device: str) -> None:
     """Start and stop the profiler once on a trivial kernel: the first start in a process
-    (CUPTI's) costs seconds (about 4.7 s on the H200), the later ones milliseconds. Called
-    ahead of a measurement wherever those seconds should not fall inside it: a spare's
-    warm-up, or datagen's check before it takes the device lock. Nothing on the CPU."""
+    (CUPTI's) costs seconds, the later ones milliseconds. Called ahead of a measurement
+    wherever those seconds should not fall inside it: a spare's warm-up, or datagen's check
+    before it takes the device lock. Nothing on the CPU."""
     if device != "cuda":
         return
     import torch
@@ -391,7 +396,7 @@ def measure(
     unsettled: list[str] = []  # per check of the rule: "round: subjects not yet within their target"
     # The probe and the loose subjects are checks (of the device, of drift), not the reward's
     # numbers: once within their target they are timed no longer, so the rounds a small
-    # candidate still needs do not pay for a probe call (a few hundred microseconds) each.
+    # candidate still needs do not pay for a probe call each.
     aux = set(loose) | ({PROBE} if probe else set())
     active = list(names)
 
@@ -529,8 +534,8 @@ def _attribute_device_time(prof: Any, tags: list[tuple[str, str, int]], results:
 
 # Device activity that is work. The profiler also puts on the device timeline a span per
 # record_function range ("gpu_user_annotation": from the range's first activity to its
-# last, host gaps included, seen with torch 2.11 on the H200) and, where enabled, sync
-# waits; summed with the kernels they double a one-kernel call's time and count the host's.
+# last, host gaps included) and, where enabled, sync waits; summed with the kernels they
+# double a one-kernel call's time and count the host's.
 DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 _FILTERED_NAMES = {"[memory]", "[OutOfMemory]", "profiler::_record_function_enter",
@@ -543,10 +548,9 @@ def profiled_events(prof: Any) -> list[tuple[str, float, float, str, int]]:
 
     Read from the profiler's raw Kineto results, with the filters `prof.events()` applies
     (utility op names, hidden events). `prof.events()` builds a Python object with
-    memory accounting per event: about 2 s per 60,000 events on the CPU here, where a
-    timing run of a few hundred rounds holds tens of thousands. The raw list takes
-    0.03 s. Times count from the trace start, for host ranges and device activity
-    alike, as in `prof.events()`."""
+    memory accounting per event, far slower than the raw list on the tens of thousands of
+    events a timing run of a few hundred rounds holds. Times count from the trace start,
+    for host ranges and device activity alike, as in `prof.events()`."""
     try:
         raw = prof.profiler.kineto_results
         t0 = raw.trace_start_ns()  # (microseconds since the epoch would lose a quarter of one to rounding)

@@ -2,9 +2,9 @@
 before it does anything of its own, paid between evaluations instead.
 
 A reference or candidate process first imports torch and creates the CUDA context; the
-candidate also starts the profiler once, whose first start (CUPTI) took about 4 s on the
-H200, more than its trials and its timing together on a small task. None of that depends
-on the task or the solution. A long-lived evaluator (the agent's evaluation service, a
+candidate also starts the profiler once, whose first start (CUPTI) costs seconds, more
+than its trials and its timing together on a small task. None of that depends on the task
+or the solution. A long-lived evaluator (the agent's evaluation service, a
 bench worker) therefore keeps one *spare*, a reference process and a candidate process in
 one run directory, started in the sandbox with the directories an evaluation binds, and
 waiting for their spec files. An evaluation takes the spare, writes its files into those
@@ -16,7 +16,7 @@ job (the evaluator's clocks and the task's `Model` class come first, as always).
 The next evaluation's spare is started for it with the same settings, so its start-up
 overlaps the agent's thinking (or the next build) rather than the next measurement. Its
 warm-up is in two stages. What touches only the host (Python, torch's libraries and the
-evaluator's modules: seconds on the GPU machine) may run while this evaluation measures on
+evaluator's modules: seconds of imports) may run while this evaluation measures on
 the GPU, whose device time it does not touch, so on CUDA the spare is started as soon as
 this evaluation has taken its own. What touches the device (the CUDA context, the
 profiler's first start), and on the CPU everything, waits for the go (`.spare-go` in its

@@ -157,7 +157,7 @@ def prefetch(ws: Path, *, sandbox: bool = True, warm: bool = False, device_lock:
         tc = B.toolchain(rec.device)
         # the kinds a kernel file or binding can include (torch/extension.h, torch/types.h)
         missing = [k for k in sorted(B.PCH_HEADERS) if not B.pch_built(tc, k)]
-        # side by side (each is one compiler process of about half a minute on the GPU machine)
+        # side by side (each is one long compiler process)
         failed: list[str] = []
         if missing:
             with ThreadPoolExecutor(len(missing)) as pool:
