@@ -6,19 +6,8 @@ import textwrap
 
 import pytest
 
+from cuda_agent.evaluator import rules
 from cuda_agent.evaluator.static_checks import (
-    ALL_RULES,
-    RULE_FORBIDDEN_IMPORT,
-    RULE_FUNCTIONAL,
-    RULE_INTROSPECTION,
-    RULE_LIBRARY,
-    RULE_MISSING_MODELNEW,
-    RULE_NO_EXTENSION,
-    RULE_REFERENCE_FALLBACK,
-    RULE_SYNTAX,
-    RULE_THREADS,
-    RULE_TORCH_COMPUTE,
-    RULE_TRY_EXCEPT,
     Violation,
     check_cpp_source,
     check_model_new,
@@ -448,45 +437,45 @@ class ModelNew(nn.Module):
 @pytest.mark.parametrize(
     ("body", "rule", "fragment"),
     [
-        ("out = torch.matmul(x, y)", RULE_TORCH_COMPUTE, "torch.matmul"),
-        ("out = torch.relu(out)", RULE_TORCH_COMPUTE, "torch.relu"),
-        ("out = torch.softmax(out, dim=-1)", RULE_TORCH_COMPUTE, "torch.softmax"),
-        ("out = torch.Tensor.add(out, y)", RULE_TORCH_COMPUTE, "torch.Tensor.add"),
-        ("out = out.sum(dim=1)", RULE_TORCH_COMPUTE, ".sum()"),
-        ("out.add_(y)", RULE_TORCH_COMPUTE, ".add_()"),
-        ("out = out.view(-1).exp()", RULE_TORCH_COMPUTE, ".exp()"),
-        ("out = x @ y", RULE_TORCH_COMPUTE, "x @ y"),
-        ("out = out + self.w", RULE_TORCH_COMPUTE, "out + self.w"),
-        ("out = out * 2", RULE_TORCH_COMPUTE, "out * 2"),
-        ("out = x.view(-1) - 1", RULE_TORCH_COMPUTE, "x.view(-1) - 1"),
-        ("out = out * self.conv.weight.sum()", RULE_TORCH_COMPUTE, ".sum()"),
-        ("out += y", RULE_TORCH_COMPUTE, "out += y"),
-        ("out = -out", RULE_TORCH_COMPUTE, "-out"),
-        ("mask = out > 0", RULE_TORCH_COMPUTE, "out > 0"),
-        ("out = abs(out)", RULE_TORCH_COMPUTE, "abs(out)"),
-        ("out = self.conv(x)", RULE_TORCH_COMPUTE, "torch.nn.Conv2d"),
-        ("out = self.act.forward(out)", RULE_TORCH_COMPUTE, "torch.nn.ReLU"),
-        ("act = self.act\n        out = act(out)", RULE_TORCH_COMPUTE, "torch.nn.ReLU"),
-        ("out = nn.ReLU()(out)", RULE_TORCH_COMPUTE, "torch.nn module"),
-        ("out = torch.compile(lambda t: t)(x)", RULE_TORCH_COMPUTE, "compiler"),
-        ("out = getattr(torch, 'mm')(x, y)", RULE_TORCH_COMPUTE, "torch.mm"),
-        ("out = torch.nn.functional.relu(out)", RULE_FUNCTIONAL, "torch.nn.functional.relu"),
-        ("out = eval('x')", RULE_INTROSPECTION, "eval"),
-        ("f = getattr(out, self.name)", RULE_INTROSPECTION, "getattr"),
-        ("setattr(self, 'a', 1)", RULE_INTROSPECTION, "setattr"),
-        ("g = globals()", RULE_INTROSPECTION, "globals"),
-        ("torch.matmul = cuda_extension.op", RULE_INTROSPECTION, "monkey-patches"),
-        ("cuda_extension.op = None", RULE_INTROSPECTION, "monkey-patches"),
-        ("nn.Module.__call__ = None", RULE_INTROSPECTION, "__call__"),
-        ("out = torch.ops.aten.mm(x, y)", RULE_INTROSPECTION, "torch.ops.aten.mm"),
-        ("out = torch._C._nn.linear(x, y)", RULE_INTROSPECTION, "private"),
-        ("d = out.__class__", RULE_INTROSPECTION, "__class__"),
-        ("d = self.conv._parameters", RULE_INTROSPECTION, "private"),
-        ("text = open('weights.txt').read()", RULE_INTROSPECTION, "open"),
-        ("path = 'model.py'", RULE_REFERENCE_FALLBACK, "model.py"),
-        ("out = Model()(x)", RULE_REFERENCE_FALLBACK, "Model"),
-        ("inputs = get_inputs()", RULE_REFERENCE_FALLBACK, "get_inputs"),
-        ("args = get_init_inputs()", RULE_REFERENCE_FALLBACK, "get_init_inputs"),
+        ("out = torch.matmul(x, y)", rules.TORCH_COMPUTE, "torch.matmul"),
+        ("out = torch.relu(out)", rules.TORCH_COMPUTE, "torch.relu"),
+        ("out = torch.softmax(out, dim=-1)", rules.TORCH_COMPUTE, "torch.softmax"),
+        ("out = torch.Tensor.add(out, y)", rules.TORCH_COMPUTE, "torch.Tensor.add"),
+        ("out = out.sum(dim=1)", rules.TORCH_COMPUTE, ".sum()"),
+        ("out.add_(y)", rules.TORCH_COMPUTE, ".add_()"),
+        ("out = out.view(-1).exp()", rules.TORCH_COMPUTE, ".exp()"),
+        ("out = x @ y", rules.TORCH_COMPUTE, "x @ y"),
+        ("out = out + self.w", rules.TORCH_COMPUTE, "out + self.w"),
+        ("out = out * 2", rules.TORCH_COMPUTE, "out * 2"),
+        ("out = x.view(-1) - 1", rules.TORCH_COMPUTE, "x.view(-1) - 1"),
+        ("out = out * self.conv.weight.sum()", rules.TORCH_COMPUTE, ".sum()"),
+        ("out += y", rules.TORCH_COMPUTE, "out += y"),
+        ("out = -out", rules.TORCH_COMPUTE, "-out"),
+        ("mask = out > 0", rules.TORCH_COMPUTE, "out > 0"),
+        ("out = abs(out)", rules.TORCH_COMPUTE, "abs(out)"),
+        ("out = self.conv(x)", rules.TORCH_COMPUTE, "torch.nn.Conv2d"),
+        ("out = self.act.forward(out)", rules.TORCH_COMPUTE, "torch.nn.ReLU"),
+        ("act = self.act\n        out = act(out)", rules.TORCH_COMPUTE, "torch.nn.ReLU"),
+        ("out = nn.ReLU()(out)", rules.TORCH_COMPUTE, "torch.nn module"),
+        ("out = torch.compile(lambda t: t)(x)", rules.TORCH_COMPUTE, "compiler"),
+        ("out = getattr(torch, 'mm')(x, y)", rules.TORCH_COMPUTE, "torch.mm"),
+        ("out = torch.nn.functional.relu(out)", rules.FUNCTIONAL, "torch.nn.functional.relu"),
+        ("out = eval('x')", rules.INTROSPECTION, "eval"),
+        ("f = getattr(out, self.name)", rules.INTROSPECTION, "getattr"),
+        ("setattr(self, 'a', 1)", rules.INTROSPECTION, "setattr"),
+        ("g = globals()", rules.INTROSPECTION, "globals"),
+        ("torch.matmul = cuda_extension.op", rules.INTROSPECTION, "monkey-patches"),
+        ("cuda_extension.op = None", rules.INTROSPECTION, "monkey-patches"),
+        ("nn.Module.__call__ = None", rules.INTROSPECTION, "__call__"),
+        ("out = torch.ops.aten.mm(x, y)", rules.INTROSPECTION, "torch.ops.aten.mm"),
+        ("out = torch._C._nn.linear(x, y)", rules.INTROSPECTION, "private"),
+        ("d = out.__class__", rules.INTROSPECTION, "__class__"),
+        ("d = self.conv._parameters", rules.INTROSPECTION, "private"),
+        ("text = open('weights.txt').read()", rules.INTROSPECTION, "open"),
+        ("path = 'model.py'", rules.REFERENCE_FALLBACK, "model.py"),
+        ("out = Model()(x)", rules.REFERENCE_FALLBACK, "Model"),
+        ("inputs = get_inputs()", rules.REFERENCE_FALLBACK, "get_inputs"),
+        ("args = get_init_inputs()", rules.REFERENCE_FALLBACK, "get_init_inputs"),
     ],
 )
 def test_forward_rule_breaks_are_named_with_their_line(body: str, rule: str, fragment: str) -> None:
@@ -527,30 +516,30 @@ def test_plain_python_around_tensors_is_not_compute(body: str) -> None:
 @pytest.mark.parametrize(
     ("line", "rule", "single_file"),
     [
-        ("import os", RULE_FORBIDDEN_IMPORT, False),
-        ("import sys", RULE_FORBIDDEN_IMPORT, False),
-        ("import numpy as np", RULE_FORBIDDEN_IMPORT, False),
-        ("import subprocess", RULE_FORBIDDEN_IMPORT, False),
-        ("import ctypes", RULE_FORBIDDEN_IMPORT, False),
-        ("import importlib", RULE_FORBIDDEN_IMPORT, False),
-        ("import triton", RULE_FORBIDDEN_IMPORT, False),
-        ("from cuda_agent.evaluator import static_checks", RULE_FORBIDDEN_IMPORT, False),
-        ("from torch import *", RULE_FORBIDDEN_IMPORT, False),
-        ("import cuda_extension as ce", RULE_FORBIDDEN_IMPORT, True),
-        ("import threading", RULE_THREADS, False),
-        ("from concurrent.futures import ThreadPoolExecutor", RULE_THREADS, False),
-        ("import torch.multiprocessing as mp", RULE_THREADS, False),
-        ("import torch.nn.functional as F", RULE_FUNCTIONAL, False),
-        ("from torch.nn import functional as F", RULE_FUNCTIONAL, False),
-        ("from torch.nn.functional import relu", RULE_FUNCTIONAL, False),
-        ("from torch import matmul", RULE_TORCH_COMPUTE, False),
-        ("from model import Model", RULE_REFERENCE_FALLBACK, False),
-        ("import model", RULE_REFERENCE_FALLBACK, False),
-        ("from .model import Model", RULE_REFERENCE_FALLBACK, False),
-        ("from torch.utils.cpp_extension import load_inline", RULE_INTROSPECTION, False),
-        ("from torch.utils.cpp_extension import load", RULE_INTROSPECTION, True),
-        ("import torch._dynamo", RULE_INTROSPECTION, False),
-        ("import torch.library", RULE_INTROSPECTION, False),
+        ("import os", rules.FORBIDDEN_IMPORT, False),
+        ("import sys", rules.FORBIDDEN_IMPORT, False),
+        ("import numpy as np", rules.FORBIDDEN_IMPORT, False),
+        ("import subprocess", rules.FORBIDDEN_IMPORT, False),
+        ("import ctypes", rules.FORBIDDEN_IMPORT, False),
+        ("import importlib", rules.FORBIDDEN_IMPORT, False),
+        ("import triton", rules.FORBIDDEN_IMPORT, False),
+        ("from cuda_agent.evaluator import static_checks", rules.FORBIDDEN_IMPORT, False),
+        ("from torch import *", rules.FORBIDDEN_IMPORT, False),
+        ("import cuda_extension as ce", rules.FORBIDDEN_IMPORT, True),
+        ("import threading", rules.THREADS, False),
+        ("from concurrent.futures import ThreadPoolExecutor", rules.THREADS, False),
+        ("import torch.multiprocessing as mp", rules.THREADS, False),
+        ("import torch.nn.functional as F", rules.FUNCTIONAL, False),
+        ("from torch.nn import functional as F", rules.FUNCTIONAL, False),
+        ("from torch.nn.functional import relu", rules.FUNCTIONAL, False),
+        ("from torch import matmul", rules.TORCH_COMPUTE, False),
+        ("from model import Model", rules.REFERENCE_FALLBACK, False),
+        ("import model", rules.REFERENCE_FALLBACK, False),
+        ("from .model import Model", rules.REFERENCE_FALLBACK, False),
+        ("from torch.utils.cpp_extension import load_inline", rules.INTROSPECTION, False),
+        ("from torch.utils.cpp_extension import load", rules.INTROSPECTION, True),
+        ("import torch._dynamo", rules.INTROSPECTION, False),
+        ("import torch.library", rules.INTROSPECTION, False),
     ],
 )
 def test_imports(line: str, rule: str, single_file: bool) -> None:
@@ -588,15 +577,15 @@ def test_os_in_single_file_only_for_environment() -> None:
     violations = check_model_new(bad, single_file=True)
     system_line = _line_of(bad, "os.system")
     assert [(v.rule, "os.system" in v.message) for v in violations if v.line == system_line] == [
-        (RULE_FORBIDDEN_IMPORT, True)
+        (rules.FORBIDDEN_IMPORT, True)
     ]
-    assert any(v.rule == RULE_THREADS and v.line == _line_of(bad, "os.fork") for v in violations)
+    assert any(v.rule == rules.THREADS and v.line == _line_of(bad, "os.fork") for v in violations)
 
 
 def test_try_except_is_flagged_but_try_finally_is_not() -> None:
     body = "try:\n            out = cuda_extension.op(x, y)\n        except RuntimeError:\n            out = x"
     violations = check_model_new(FORWARD_TEMPLATE.format(body=body))
-    assert [(v.rule, v.line) for v in violations] == [(RULE_TRY_EXCEPT, 15)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.TRY_EXCEPT, 15)]
     body = "try:\n            out = cuda_extension.op(x, y)\n        finally:\n            pass"
     assert check_model_new(FORWARD_TEMPLATE.format(body=body)) == []
 
@@ -619,8 +608,8 @@ def test_dunder_methods_that_override_machinery_are_flagged() -> None:
     )
     violations = check_model_new(source)
     assert [(v.rule, v.line) for v in violations] == [
-        (RULE_INTROSPECTION, _line_of(source, "def __getattr__")),
-        (RULE_INTROSPECTION, _line_of(source, "def __call__")),
+        (rules.INTROSPECTION, _line_of(source, "def __getattr__")),
+        (rules.INTROSPECTION, _line_of(source, "def __call__")),
     ]
 
 
@@ -638,7 +627,7 @@ def test_inherited_torch_layer_forward_is_compute() -> None:
         """
     )
     violations = check_model_new(source)
-    assert [(v.rule, v.line) for v in violations] == [(RULE_TORCH_COMPUTE, 8)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.TORCH_COMPUTE, 8)]
 
 
 def test_main_guard_may_use_reference_helpers() -> None:
@@ -663,7 +652,7 @@ def test_workspace_without_extension_import() -> None:
     )
     violations = check_model_new(source)
     assert [(v.rule, v.line) for v in violations] == [
-        (RULE_NO_EXTENSION, _line_of(source, "class ModelNew"))
+        (rules.NO_EXTENSION, _line_of(source, "class ModelNew"))
     ]
     assert "never imports `cuda_extension`" in violations[0].message
 
@@ -688,7 +677,7 @@ def test_forward_that_never_reaches_the_extension() -> None:
         """
     )
     violations = check_model_new(source)
-    assert [(v.rule, v.line) for v in violations] == [(RULE_NO_EXTENSION, 13)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.NO_EXTENSION, 13)]
 
 
 def test_model_new_without_forward() -> None:
@@ -696,32 +685,32 @@ def test_model_new_without_forward() -> None:
         "import torch.nn as nn\nimport cuda_extension\n\nclass ModelNew(nn.Module):\n    pass\n"
     )
     violations = check_model_new(source)
-    assert [(v.rule, v.line) for v in violations] == [(RULE_NO_EXTENSION, 4)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.NO_EXTENSION, 4)]
 
 
 def test_single_file_without_load_inline() -> None:
     source = "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
     violations = check_model_new(source, single_file=True)
-    assert [v.rule for v in violations] == [RULE_NO_EXTENSION]
+    assert [v.rule for v in violations] == [rules.NO_EXTENSION]
     assert "load_inline" in violations[0].message
 
 
 def test_missing_model_new_and_syntax_error() -> None:
     violations = check_model_new("import torch\n\nclass Model:\n    pass\n")
-    assert [(v.rule, v.line) for v in violations] == [(RULE_MISSING_MODELNEW, 0)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.MISSING_MODELNEW, 0)]
     violations = check_model_new("import torch\n\ndef forward(self:\n    pass\n")
     assert len(violations) == 1
-    assert violations[0].rule == RULE_SYNTAX
+    assert violations[0].rule == rules.SYNTAX
     assert violations[0].line == 3
 
 
 def test_violation_str_and_rule_list() -> None:
-    v = Violation(RULE_TORCH_COMPUTE, "model_new.py", 12, "`x.sum()` computes in PyTorch.")
+    v = Violation(rules.TORCH_COMPUTE, "model_new.py", 12, "`x.sum()` computes in PyTorch.")
     assert str(v) == "model_new.py:12: [torch-compute-op] `x.sum()` computes in PyTorch."
-    assert str(Violation(RULE_MISSING_MODELNEW, "model_new.py", 0, "m")).startswith(
+    assert str(Violation(rules.MISSING_MODELNEW, "model_new.py", 0, "m")).startswith(
         "model_new.py: ["
     )
-    assert len(set(ALL_RULES)) == 11
+    assert len(set(rules.STATIC)) == 11
 
 
 def test_every_message_is_one_actionable_sentence() -> None:
@@ -754,32 +743,32 @@ REGISTER_BINDING(op, op);
 @pytest.mark.parametrize(
     ("body", "rule", "fragment"),
     [
-        ("out = torch::matmul(a, b);", RULE_TORCH_COMPUTE, "torch::matmul"),
-        ("out = at::mm(a, b);", RULE_TORCH_COMPUTE, "at::mm"),
-        ("out = ::at::relu(a);", RULE_TORCH_COMPUTE, "at::relu"),
-        ("at::native::add_out(out, a, b);", RULE_TORCH_COMPUTE, "at::native::add_out"),
-        ("at::cuda::blas::gemm<float>();", RULE_TORCH_COMPUTE, "at::cuda::blas::gemm"),
+        ("out = torch::matmul(a, b);", rules.TORCH_COMPUTE, "torch::matmul"),
+        ("out = at::mm(a, b);", rules.TORCH_COMPUTE, "at::mm"),
+        ("out = ::at::relu(a);", rules.TORCH_COMPUTE, "at::relu"),
+        ("at::native::add_out(out, a, b);", rules.TORCH_COMPUTE, "at::native::add_out"),
+        ("at::cuda::blas::gemm<float>();", rules.TORCH_COMPUTE, "at::cuda::blas::gemm"),
         (
             "out = torch::nn::functional::relu(a);",
-            RULE_TORCH_COMPUTE,
+            rules.TORCH_COMPUTE,
             "torch::nn::functional::relu",
         ),
-        ("out = a.matmul(b);", RULE_TORCH_COMPUTE, ".matmul("),
-        ("out = a.contiguous().sum(1);", RULE_TORCH_COMPUTE, ".sum("),
-        ("out.add_(b);", RULE_TORCH_COMPUTE, ".add_("),
-        ("std::thread t([] {});", RULE_THREADS, "std::thread"),
-        ("auto f = std::async([] { return 1; });", RULE_THREADS, "std::async"),
-        ("pthread_create(nullptr, nullptr, nullptr, nullptr);", RULE_THREADS, "pthread_create"),
-        ("if (fork() == 0) return out;", RULE_THREADS, "fork"),
-        ("at::launch([] {});", RULE_THREADS, "at::launch"),
-        ('system("ls");', RULE_INTROSPECTION, "system"),
-        ('FILE* f = fopen("x", "r");', RULE_INTROSPECTION, "fopen"),
-        ('std::ifstream in("ref.bin");', RULE_INTROSPECTION, "std::ifstream"),
-        ('auto F = py::module_::import("torch");', RULE_INTROSPECTION, "py::module_::import"),
-        ('void* h = dlopen("libx.so", 0);', RULE_INTROSPECTION, "dlopen"),
-        ("cblas_sgemm(0, 0, 0, 1, 1, 1, 1.f, 0, 1, 0, 1, 0.f, 0, 1);", RULE_LIBRARY, "cblas_sgemm"),
-        ("cutlass::gemm::GemmCoord c;", RULE_LIBRARY, "cutlass::"),
-        ('const char* p = "model.py";', RULE_REFERENCE_FALLBACK, "model.py"),
+        ("out = a.matmul(b);", rules.TORCH_COMPUTE, ".matmul("),
+        ("out = a.contiguous().sum(1);", rules.TORCH_COMPUTE, ".sum("),
+        ("out.add_(b);", rules.TORCH_COMPUTE, ".add_("),
+        ("std::thread t([] {});", rules.THREADS, "std::thread"),
+        ("auto f = std::async([] { return 1; });", rules.THREADS, "std::async"),
+        ("pthread_create(nullptr, nullptr, nullptr, nullptr);", rules.THREADS, "pthread_create"),
+        ("if (fork() == 0) return out;", rules.THREADS, "fork"),
+        ("at::launch([] {});", rules.THREADS, "at::launch"),
+        ('system("ls");', rules.INTROSPECTION, "system"),
+        ('FILE* f = fopen("x", "r");', rules.INTROSPECTION, "fopen"),
+        ('std::ifstream in("ref.bin");', rules.INTROSPECTION, "std::ifstream"),
+        ('auto F = py::module_::import("torch");', rules.INTROSPECTION, "py::module_::import"),
+        ('void* h = dlopen("libx.so", 0);', rules.INTROSPECTION, "dlopen"),
+        ("cblas_sgemm(0, 0, 0, 1, 1, 1, 1.f, 0, 1, 0, 1, 0.f, 0, 1);", rules.LIBRARY, "cblas_sgemm"),
+        ("cutlass::gemm::GemmCoord c;", rules.LIBRARY, "cutlass::"),
+        ('const char* p = "model.py";', rules.REFERENCE_FALLBACK, "model.py"),
     ],
 )
 def test_cpp_rule_breaks_are_named_with_their_line(body: str, rule: str, fragment: str) -> None:
@@ -836,13 +825,13 @@ def test_includes(include: str, device: str, allowed: bool) -> None:
     if allowed:
         assert violations == []
     else:
-        assert [(v.rule, v.line) for v in violations] == [(RULE_LIBRARY, 2)]
+        assert [(v.rule, v.line) for v in violations] == [(rules.LIBRARY, 2)]
 
 
 def test_pybind_module_only_in_locked_binding_or_single_file() -> None:
     source = '#include <torch/extension.h>\n\nPYBIND11_MODULE(cuda_extension, m) {\n  m.def("f", &f);\n}\n'
     violations = check_cpp_source(source, filename="kernels/f_binding.cpp", device="cuda")
-    assert [(v.rule, v.line) for v in violations] == [(RULE_INTROSPECTION, 3)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.INTROSPECTION, 3)]
     assert "REGISTER_BINDING" in violations[0].message
     assert check_cpp_source(source, filename="binding.cpp", device="cuda") == []
     assert check_cpp_source(source, filename="x", device="cuda", single_file=True) == []
@@ -853,7 +842,7 @@ def test_torch_library_registration_is_flagged() -> None:
         '#include <torch/library.h>\nTORCH_LIBRARY_IMPL(aten, CUDA, m) {\n  m.impl("mm", &f);\n}\n'
     )
     violations = check_cpp_source(source, filename="kernels/x.cu", device="cuda")
-    assert [(v.rule, v.line) for v in violations] == [(RULE_INTROSPECTION, 2)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.INTROSPECTION, 2)]
 
 
 def test_comments_and_strings_are_ignored_and_lines_stay_right() -> None:
@@ -873,7 +862,7 @@ def test_comments_and_strings_are_ignored_and_lines_stay_right() -> None:
     )
     violations = check_cpp_source(source, filename="kernels/f.cu", device="cuda")
     assert [(v.rule, v.line, "torch::tanh" in v.message) for v in violations] == [
-        (RULE_TORCH_COMPUTE, 10, True)
+        (rules.TORCH_COMPUTE, 10, True)
     ]
 
 
@@ -897,9 +886,9 @@ def test_solution_file_dispatch() -> None:
     }
     violations = check_solution(files, device="cuda", single_file=False)
     assert [(v.rule, v.file) for v in violations] == [
-        (RULE_MISSING_MODELNEW, "model_new.py"),
-        (RULE_FORBIDDEN_IMPORT, "kernels/helper.py"),
-        (RULE_LIBRARY, "kernels/op.cu"),
+        (rules.MISSING_MODELNEW, "model_new.py"),
+        (rules.FORBIDDEN_IMPORT, "kernels/helper.py"),
+        (rules.LIBRARY, "kernels/op.cu"),
     ]
 
 
@@ -935,10 +924,10 @@ def test_inline_sources_are_checked_and_located_in_model_new() -> None:
     violations = check_solution({"model_new.py": source}, device="cuda", single_file=True)
     got = sorted((v.rule, v.file, v.line) for v in violations)
     assert got == [
-        (RULE_LIBRARY, "model_new.py", 18),
-        (RULE_LIBRARY, "model_new.py:cuda_sources", 7),
-        (RULE_TORCH_COMPUTE, "model_new.py:cuda_sources", 10),
-        (RULE_TORCH_COMPUTE, "model_new.py:cuda_sources", 10),
+        (rules.LIBRARY, "model_new.py", 18),
+        (rules.LIBRARY, "model_new.py:cuda_sources", 7),
+        (rules.TORCH_COMPUTE, "model_new.py:cuda_sources", 10),
+        (rules.TORCH_COMPUTE, "model_new.py:cuda_sources", 10),
     ]
 
 
@@ -965,8 +954,8 @@ def test_load_inline_build_flags() -> None:
     )
     violations = check_model_new(bad, single_file=True)
     assert [(v.rule, v.line) for v in violations] == [
-        (RULE_LIBRARY, _line_of(bad, "-I/opt/cutlass")),
-        (RULE_LIBRARY, _line_of(bad, "/opt/eigen")),
+        (rules.LIBRARY, _line_of(bad, "-I/opt/cutlass")),
+        (rules.LIBRARY, _line_of(bad, "/opt/eigen")),
     ]
 
 
@@ -992,12 +981,12 @@ def test_cpp_members_shared_with_cuda_libraries_are_not_torch_ops() -> None:
 def test_aten_cpu_vector_kernels_are_torch_ops() -> None:
     source = "#include <ATen/cpu/vec/vec.h>\nusing V = at::vec::Vectorized<float>;\n"
     violations = check_cpp_source(source, filename="kernels/k.cpp", device="cpu")
-    assert [(v.rule, v.line) for v in violations] == [(RULE_TORCH_COMPUTE, 2)]
+    assert [(v.rule, v.line) for v in violations] == [(rules.TORCH_COMPUTE, 2)]
 
 
 def test_hostile_python_does_not_crash_the_checker() -> None:
     deep = "import cuda_extension\n\n\nclass ModelNew:\n    def forward(self, x):\n"
     deep += "        return " + "+".join(["x"] * 50000) + "\n"
-    assert [v.rule for v in check_model_new(deep)] == [RULE_SYNTAX]
-    assert [v.rule for v in check_model_new("x = 1\0\n")] == [RULE_SYNTAX]
+    assert [v.rule for v in check_model_new(deep)] == [rules.SYNTAX]
+    assert [v.rule for v in check_model_new("x = 1\0\n")] == [rules.SYNTAX]
     assert extract_inline_sources(deep) == []

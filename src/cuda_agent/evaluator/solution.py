@@ -13,7 +13,7 @@ from pathlib import Path
 WORKSPACE = "workspace"
 SINGLE_FILE = "single_file"
 
-CPP_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
+CPP_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".hxx", ".inl")
 COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
 MAX_FILES = 64
 MAX_FILE_BYTES = 1_000_000
