@@ -311,7 +311,7 @@ def main() -> int:
         shutil.copy(f, ws / "kernels" / f.name)
     kernel = next(p for p in sorted((ws / "kernels").iterdir()) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
 
-    from cuda_agent.evaluator.build import toolchain
+    from cuda_agent.evaluator.toolchain import toolchain
 
     fast = [f for f in toolchain(args.device).ldflags if f.startswith("-fuse-ld=")]
     print(f"linker: {' '.join(fast) or 'GNU ld (the default)'}", flush=True)

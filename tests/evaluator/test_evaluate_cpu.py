@@ -260,7 +260,7 @@ def test_build_timeout(tmp_path: Path) -> None:
 
 
 def test_the_linker_probe_picks_one_that_links_or_none(tmp_path: Path) -> None:
-    from cuda_agent.evaluator.build import _fast_linker, toolchain
+    from cuda_agent.evaluator.toolchain import _fast_linker, toolchain
 
     flags = _fast_linker("c++")
     assert flags in ([], ["-fuse-ld=mold"], ["-fuse-ld=lld"], ["-fuse-ld=gold"])
@@ -281,7 +281,7 @@ def _dangling_libstdcxx(root: Path) -> Path:
 def test_the_linker_probe_links_cxx_as_an_extension_does(tmp_path: Path) -> None:
     import subprocess
 
-    from cuda_agent.evaluator.build import _fast_linker
+    from cuda_agent.evaluator.toolchain import _fast_linker
 
     d = _dangling_libstdcxx(tmp_path)
     chosen = _fast_linker("c++", ["-L", str(d)], readonly=[d])
@@ -298,7 +298,8 @@ def test_a_failing_fast_link_falls_back_to_gnu_ld(tmp_path: Path) -> None:
     import dataclasses
     import subprocess
 
-    from cuda_agent.evaluator.build import ExtensionSpec, _ninja_file, _sync_sources, toolchain
+    from cuda_agent.evaluator.build import ExtensionSpec, _ninja_file, _sync_sources
+    from cuda_agent.evaluator.toolchain import toolchain
 
     tc = toolchain("cpu")
     fast = [f for f in tc.ldflags if f.startswith("-fuse-ld=")]
