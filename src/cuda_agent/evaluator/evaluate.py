@@ -26,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ class Evaluation:
             warm.POOL.offer(processes.spare_key(self.opts, self.device, self.threads),
                             lambda: processes.start_spare(self.opts, self.device, self.threads))
 
-    def run_process(self, kind: str, timeout: float, job_reached: Any) -> sandbox.RunResult:
+    def run_process(self, kind: str, timeout: float, job_reached: Callable[[], bool]) -> sandbox.RunResult:
         """Run the reference or candidate process (the spare's, given its job's timeout,
         when there is one) to its end; its spec must be in place."""
         from_spare = self.spare is not None and kind in self.spare.procs

@@ -363,7 +363,7 @@ class ProfileReport(Record):
     timed_outputs: list[int] = field(default_factory=list)  # trials whose timed outputs were saved
     threads: int = 0
     seconds: float = 0.0
-    measure_s: dict[str, float] = field(default_factory=dict)
+    measure_s: dict[str, Any] = field(default_factory=dict)  # timing.measure's spent_s
 
 
 # What a candidate's report says went wrong before its trials were judged.
@@ -432,7 +432,7 @@ class BaselineReport(Record):
     threads: int | None = None
     torch_version: str | None = None
     seconds: float = 0.0
-    measure_s: dict[str, float] = field(default_factory=dict)
+    measure_s: dict[str, Any] = field(default_factory=dict)  # timing.measure's spent_s
     phase: str = ""
     error: str = ""
     traceback: str = ""
