@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.evaluator import processes, warm
+from cuda_agent.evaluator import processes, protocol, warm
 from cuda_agent.evaluator.options import EvalOptions
 from cuda_agent.evaluator.protocol import RunLayout
 from cuda_agent.machine import usable_cores
@@ -156,7 +156,7 @@ def test_a_spare_started_during_a_measurement_waits_for_its_end(tmp_path: Path, 
         spare = pool._spares[key]
         time.sleep(3.0)  # long enough for a warm-up on this machine
         assert all(p.alive() for p in spare.procs.values()) and not spare.released
-        assert not any((spare.work / d / name).exists() for d in spare.ready_dirs for name in (warm.GO, warm.READY))
+        assert not any((spare.work / d / name).exists() for d in spare.ready_dirs for name in (protocol.SPARE_GO, protocol.SPARE_READY))
     assert spare.released and all((spare.work / d / warm.GO).exists() for d in spare.ready_dirs)
     assert wait_for(pool, key) is spare
     # held again, then taken by an evaluation inside the measurement that holds it

@@ -189,7 +189,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
                 return finish(error=P.ERROR_REFERENCE, message="the reference Model failed")
             time.sleep(0.005)
         _progress("ModelNew(*get_init_inputs())")
-        init_inputs = torch.load(run.init_inputs(), weights_only=True)
+        init_inputs = torch.load(run.init_inputs, weights_only=True)
         seed_all(spec.init_seed)
         try:
             model = ModelNew(*init_inputs).eval().to(device)
@@ -197,7 +197,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             return finish(error=P.ERROR_RUNTIME, phase="ModelNew.__init__",
                           message=f"ModelNew(*get_init_inputs()) raised {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc(limit=6)[-3000:])
-        state = torch.load(run.state_dict(), weights_only=True)
+        state = torch.load(run.state_dict, weights_only=True)
         mismatch = _parameter_mismatch(state, model.state_dict())
         if mismatch:
             return finish(error=P.ERROR_INCORRECT, rule=rules.PARAMETERS,
@@ -264,8 +264,8 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             _progress("profile")
             t_p = time.perf_counter()
             seed_all(spec.init_seed)
-            eager = reference_model(*torch.load(run.init_inputs(), weights_only=True)).eval().to(device)
-            eager.load_state_dict(torch.load(run.state_dict(), weights_only=True), strict=True)
+            eager = reference_model(*torch.load(run.init_inputs, weights_only=True)).eval().to(device)
+            eager.load_state_dict(torch.load(run.state_dict, weights_only=True), strict=True)
             sets = [to_device(torch.load(run.inputs(k), weights_only=True), device) for k in range(spec.trials)]
             spent: dict[str, float] = {}
             res = timing.measure({"candidate": model, "eager": eager}, sets, device.type,

@@ -62,6 +62,16 @@ def write_marker(path: Path) -> None:
 # -- run directories -----------------------------------------------------------------------
 
 
+class _Under:
+    """A layout's fixed part: `layout.<name>` is its root joined with these parts."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, layout: Any, owner: type) -> Path:
+        return Path(layout.root).joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """The parts of one evaluation's run directory (see the module's table)."""
@@ -69,79 +79,40 @@ class RunLayout:
     work: Path
 
     @property
-    def private(self) -> Path:
-        return self.work / "private"
+    def root(self) -> Path:
+        return self.work
 
-    @property
-    def shared(self) -> Path:
-        return self.work / "shared"
-
-    @property
-    def cin(self) -> Path:
-        return self.work / "cin"
-
-    @property
-    def run(self) -> Path:
-        return self.work / "run"
-
-    @property
-    def out(self) -> Path:
-        return self.work / "run" / "out"
-
-    @property
-    def gate(self) -> Path:
-        return self.work / "gate-candidate"
-
-    @property
-    def capture(self) -> Path:
-        return self.work / "capture"
-
-    @property
-    def reference_spec(self) -> Path:
-        return self.private / "reference_spec.json"
-
-    @property
-    def reference_report(self) -> Path:
-        return self.private / "reference.json"
-
-    @property
-    def task_code(self) -> Path:
-        """The reference's copy of the task."""
-        return self.private / "model.py"
-
-    @property
-    def candidate_task_code(self) -> Path:
-        """The candidate's copy of the task (its `Model` is eager beside the candidate)."""
-        return self.cin / "task_model.py"
-
-    @property
-    def candidate_spec(self) -> Path:
-        return self.cin / "candidate_spec.json"
-
-    @property
-    def progress(self) -> Path:
-        return self.out / "progress.json"
-
-    @property
-    def candidate_report(self) -> Path:
-        return self.out / "report.json"
-
-    def init_inputs(self) -> Path:
-        return self.shared / "init_inputs.pt"
-
-    def state_dict(self) -> Path:
-        return self.shared / "state_dict.pt"
+    private = _Under("private")
+    shared = _Under("shared")
+    cin = _Under("cin")
+    run = _Under("run")
+    out = _Under("run", "out")
+    gate = _Under("gate-candidate")
+    capture = _Under("capture")
+    reference_spec = _Under("private", "reference_spec.json")
+    reference_report = _Under("private", "reference.json")
+    task_code = _Under("private", "model.py")  # the reference's copy of the task
+    candidate_task_code = _Under("cin", "task_model.py")  # its Model is eager beside the candidate
+    candidate_spec = _Under("cin", "candidate_spec.json")
+    progress = _Under("run", "out", "progress.json")
+    candidate_report = _Under("run", "out", "report.json")
+    init_inputs = _Under("shared", "init_inputs.pt")
+    state_dict = _Under("shared", "state_dict.pt")
 
     def inputs(self, k: int) -> Path:
+        """Trial k's inputs (written by the reference)."""
         return self.shared / f"inputs_{k}.pt"
 
     def expected(self, k: int) -> Path:
+        """Trial k's expected outputs (never seen by the candidate)."""
         return self.private / f"expected_{k}.pt"
 
     def output(self, k: int) -> Path:
+        """Trial k's outputs as the candidate wrote them."""
         return self.out / f"out_{k}.pt"
 
     def timed_output(self, k: int) -> Path:
+        """A timed call's outputs for trial k's inputs."""
         return self.out / f"timed_{k}.pt"
 
     def extension_dir(self, k: int) -> Path:
@@ -162,27 +133,17 @@ class BaselineLayout:
     base: Path
 
     @property
-    def out(self) -> Path:
-        return self.base / "out"
+    def root(self) -> Path:
+        return self.base
 
-    @property
-    def gate(self) -> Path:
-        return self.base / "gate"
-
-    @property
-    def spec(self) -> Path:
-        return self.out / "spec.json"
-
-    @property
-    def report(self) -> Path:
-        return self.out / "baseline.json"
-
-    @property
-    def task_code(self) -> Path:
-        return self.base / "task" / "task_model.py"
+    out = _Under("out")
+    gate = _Under("gate")
+    spec = _Under("out", "spec.json")
+    report = _Under("out", "baseline.json")
+    task_code = _Under("task", "task_model.py")
 
     def make(self) -> BaselineLayout:
-        for d in (self.out, self.gate, self.base / "task"):
+        for d in (self.out, self.gate, self.task_code.parent):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)
         return self

@@ -52,11 +52,11 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         phase = begin("get_init_inputs")
         seed_all(spec.init_seed)
         init_inputs = _as_list(mod.get_init_inputs())
-        torch.save(init_inputs, run.init_inputs())
+        torch.save(init_inputs, run.init_inputs)
         phase = begin("Model(*get_init_inputs())")
         seed_all(spec.init_seed)
         model = mod.Model(*init_inputs).eval().to(device)
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, run.state_dict())
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, run.state_dict)
         structures: list[Any] = []
         all_inputs = []
         for k, seed in enumerate(spec.seeds):

@@ -147,13 +147,8 @@ _ALLOWED_HEADER_PREFIXES = (
     "sys/",
     "bits/",
 )
-_ALLOWED_HEADER_RES = (
-    re.compile(r"cuda_\w+\.hp?p?"),
-    re.compile(r"cudnn\w*\.h"),
-    re.compile(r"cublas\w*\.h"),
-    re.compile(r"curand_\w+\.h"),
-    re.compile(r"sm_\d+_\w+\.hp?p?"),
-    re.compile(r"\w*intrin\.h"),
+_ALLOWED_HEADER_RE = re.compile(  # matched whole: one of these forms
+    r"cuda_\w+\.hp?p?|cudnn\w*\.h|cublas\w*\.h|curand_\w+\.h|sm_\d+_\w+\.hp?p?|\w*intrin\.h"
 )
 _REGISTRY_HEADERS = ("binding_registry.h", "../binding_registry.h")
 
@@ -163,7 +158,7 @@ def _header_allowed(path: str) -> bool:
         return True
     if path.startswith(_ALLOWED_HEADER_PREFIXES):
         return True
-    return any(r.fullmatch(path) for r in _ALLOWED_HEADER_RES)
+    return _ALLOWED_HEADER_RE.fullmatch(path) is not None
 
 
 # -- the rules: torch::/at:: names that may be used, and what betrays the others ----------
