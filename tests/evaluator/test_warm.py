@@ -157,7 +157,7 @@ def test_a_spare_started_during_a_measurement_waits_for_its_end(tmp_path: Path, 
         time.sleep(3.0)  # long enough for a warm-up on this machine
         assert all(p.alive() for p in spare.procs.values()) and not spare.released
         assert not any((spare.work / d / name).exists() for d in spare.ready_dirs for name in (protocol.SPARE_GO, protocol.SPARE_READY))
-    assert spare.released and all((spare.work / d / warm.GO).exists() for d in spare.ready_dirs)
+    assert spare.released and all((spare.work / d / protocol.SPARE_GO).exists() for d in spare.ready_dirs)
     assert wait_for(pool, key) is spare
     # held again, then taken by an evaluation inside the measurement that holds it
     res_key = pool.take(key)
