@@ -29,6 +29,7 @@ from cuda_agent.agent.client import Completion, ModelClient, ModelError, estimat
 from cuda_agent.agent.service import EvalService
 from cuda_agent.agent.shell import ShellSession
 from cuda_agent.agent.tools import SCHEMAS, ToolError, Tools, parse_call
+from cuda_agent.files import atomic_write
 from cuda_agent.tasks import Task
 from cuda_agent.workspace import LOCKED, create_workspace
 from cuda_agent.workspace.commands import SOCKET_ENV
@@ -399,9 +400,7 @@ class Episode:
             final={k: final.get(k) for k in ("status", "reward", "message", "rule", "speedup_vs_eager",
                                               "speedup_vs_compile", "flags")} if final else None)
         self.writer.event("end", self.turn, **{k: v for k, v in s.to_dict().items() if k != "v"})
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(s.to_dict(), indent=1))
-        tmp.replace(self.out / "summary.json")
+        atomic_write(self.out / "summary.json", json.dumps(s.to_dict(), indent=1))
         self.progress.update(status=f"done: {reason}")
         return s
 
