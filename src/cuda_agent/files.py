@@ -1,10 +1,13 @@
-"""Writing files whole: readers (other processes polling for a name, a cache read
-concurrently) see the old file or the new one, never a part."""
+"""Files written whole (readers, such as other processes polling for a name or a cache
+read concurrently, see the old file or the new one, never a part), and files read from
+trees an untrusted process could write without following its links."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -42,3 +45,57 @@ def atomic_copy(src: Path, dst: Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return dst
+
+
+class LinkOutside(OSError):
+    """A path below an untrusted folder is a symbolic link (or not a plain file or folder)."""
+
+
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_inside(root: Path, path: Path) -> BinaryIO:
+    """Open `path`, a file below `root`, for reading without following a symbolic link
+    anywhere below `root`: each folder is opened relative to the last with O_NOFOLLOW,
+    and the file must be a regular file (a FIFO or device could hang or leak). For files
+    in trees an untrusted process could write (a run directory, a solution, a workspace),
+    read by a process with more rights than the writer. `root` itself is trusted."""
+    try:
+        rel = Path(os.path.normpath(path)).relative_to(os.path.normpath(root))
+    except ValueError:
+        rel = Path()
+    if not rel.parts:
+        raise LinkOutside(f"{path} is not a file below {root}")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in rel.parts[:-1]:
+            try:
+                sub = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise LinkOutside(f"{part} in {rel} is a symbolic link or not a folder") from None
+                raise
+            os.close(fd)
+            fd = sub
+        try:
+            # O_NONBLOCK: opening a FIFO must not wait for a writer
+            ffd = os.open(rel.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise LinkOutside(f"{rel} is a symbolic link") from None
+            raise
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(ffd).st_mode):
+        os.close(ffd)
+        raise LinkOutside(f"{rel} is not a regular file")
+    return os.fdopen(ffd, "rb")
+
+
+def read_inside(root: Path, path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of `path` below `root`, read as `open_inside` opens it; with `max_bytes`,
+    a larger file raises ValueError before it is read."""
+    with open_inside(root, path) as fh:
+        if max_bytes is not None and os.fstat(fh.fileno()).st_size > max_bytes:
+            raise ValueError(f"{path.name} is larger than {max_bytes} bytes")
+        return fh.read()

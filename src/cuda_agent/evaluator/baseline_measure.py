@@ -90,7 +90,7 @@ class BaselineRun:
 
     def report(self) -> BaselineReport | None:
         self.thread.join()
-        return BaselineReport.read(self.layout.report)
+        return BaselineReport.read(self.layout.report, inside=self.layout.base)
 
     def failure(self, report: BaselineReport | None) -> str:
         why = (f"{report.error} in {report.phase}" if report else

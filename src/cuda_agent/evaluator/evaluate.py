@@ -40,6 +40,7 @@ from cuda_agent.evaluator.solution import SINGLE_FILE, WORKSPACE, Solution
 from cuda_agent.evaluator.solution_build import BuildOutcome, build_solution
 from cuda_agent.evaluator.static_checks import check_solution
 from cuda_agent.evaluator.verdict import Verdict
+from cuda_agent.files import open_inside
 from cuda_agent.machine import usable_cores
 from cuda_agent.tasks import Task, TaskError
 
@@ -158,7 +159,7 @@ class Evaluation:
         return th
 
     def reference_outcome(self) -> protocol.ReferenceReport:
-        report = protocol.ReferenceReport.read(self.files.reference_report)
+        report = protocol.ReferenceReport.read(self.files.reference_report, inside=self.files.work)
         run = self.reference_run
         if report is None or not report.ok:
             if report is not None:
@@ -284,8 +285,10 @@ class Evaluation:
         from cuda_agent.evaluator.tensors import tensors
 
         try:
-            ins = torch.load(self.files.inputs(0), weights_only=True)
-            outs = torch.load(self.files.expected(0), weights_only=True)
+            with open_inside(self.files.work, self.files.inputs(0)) as fh:
+                ins = torch.load(fh, weights_only=True)
+            with open_inside(self.files.work, self.files.expected(0)) as fh:
+                outs = torch.load(fh, weights_only=True)
         except Exception:
             return 0
         return sum(t.numel() * t.element_size() for _, t in [*tensors(ins), *tensors(outs)])
@@ -372,8 +375,8 @@ class Evaluation:
             ref_thread.join()
             self.mark("reference ended")
             reference = self.reference_outcome()
-            report = CandidateReport.read(self.files.candidate_report)
-            v = verdict.correctness_verdict(cand["run"], report, protocol.Progress.read(self.files.progress),
+            report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
+            v = verdict.correctness_verdict(cand["run"], report, protocol.Progress.read(self.files.progress, inside=self.files.work),
                                             reference, self.files, self.opts.trials, self.opts.atol,
                                             self.opts.rtol, self.opts.run_timeout_s)
             self.mark("outputs checked")

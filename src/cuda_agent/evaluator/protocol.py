@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cuda_agent.files import atomic_write
+from cuda_agent.files import atomic_write, read_inside
 
 SCHEMA = 1
+MAX_RECORD_BYTES = 64 << 20  # a larger report is not one the evaluator's processes write
 
 # Marker files: their existence is the message; they are written whole (a rename).
 READY = "ready"  # shared/: the inputs are written
@@ -187,10 +188,12 @@ class Record:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def read(cls: type[R], path: Path) -> R | None:
-        """The record in `path`; None when it is missing or not a valid record."""
+    def read(cls: type[R], path: Path, inside: Path | None = None) -> R | None:
+        """The record in `path`; None when it is missing or not a valid record. With
+        `inside`, no symbolic link below that folder is followed (`files.open_inside`)."""
         try:
-            return cls.from_json(path.read_text())
+            data = read_inside(inside, path, MAX_RECORD_BYTES) if inside is not None else path.read_bytes()
+            return cls.from_json(data.decode())
         except (OSError, ValueError, TypeError, RecursionError):
             return None
 

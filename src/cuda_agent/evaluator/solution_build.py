@@ -64,7 +64,7 @@ def capture_inline(solution: Solution, opts: EvalOptions, device: str,
         cwd=d, writable=[d], env=processes.python_env(device),
         config=processes.sandbox_config(opts, opts.run_timeout_s, "cpu"),
     )
-    report = CaptureReport.read(out)
+    report = CaptureReport.read(out, inside=scratch)  # (written where model_new.py ran)
     if run.timed_out:
         return BuildOutcome(ok=False, status=record.TIMEOUT,
                             message=f"importing model_new.py timed out after {opts.run_timeout_s:g} s")

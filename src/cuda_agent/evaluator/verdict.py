@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cuda_agent import sandbox
@@ -21,6 +22,7 @@ from cuda_agent.evaluator.protocol import (
     TrialReport,
 )
 from cuda_agent.evaluator.reward import Speedups
+from cuda_agent.files import open_inside
 
 
 @dataclass
@@ -92,7 +94,6 @@ def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, 
 def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: ReferenceReport, files: RunLayout,
                    atol: float, rtol: float) -> Verdict | None:
     """What is wrong with one trial (None: nothing)."""
-    import torch
 
     from cuda_agent.evaluator.compare import compare_devices, compare_outputs
 
@@ -122,8 +123,8 @@ def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: Reference
         if m:
             return fail(record.INCORRECT, m.message, rule=m.rule)
     try:
-        expected = torch.load(files.expected(k), weights_only=True)
-        got = torch.load(files.output(k), weights_only=True)
+        expected = _load(files, files.expected(k))
+        got = _load(files, files.output(k))
     except Exception as exc:
         return fail(record.RUNTIME_ERROR, f"the candidate's outputs could not be read ({type(exc).__name__}: {exc}).")
     m = compare_outputs(expected, got, atol, rtol)
@@ -135,7 +136,6 @@ def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: Reference
 def timed_outputs_verdict(profile: ProfileReport, files: RunLayout, trials: int, atol: float,
                           rtol: float) -> Verdict | None:
     """Timed calls must have computed the right answer, not replayed an earlier one."""
-    import torch
 
     from cuda_agent.evaluator.compare import compare_outputs
 
@@ -145,8 +145,8 @@ def timed_outputs_verdict(profile: ProfileReport, files: RunLayout, trials: int,
                        f"{missing[0] + 1}'s inputs.", rule=rules.TIMED_OUTPUT)
     for k in profile.timed_outputs:
         try:
-            expected = torch.load(files.expected(k), weights_only=True)
-            got = torch.load(files.timed_output(k), weights_only=True)
+            expected = _load(files, files.expected(k))
+            got = _load(files, files.timed_output(k))
         except Exception as exc:
             return Verdict(record.RUNTIME_ERROR, f"the outputs of the timed calls could not be read "
                            f"({type(exc).__name__}: {exc}).")
@@ -186,6 +186,14 @@ def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, devi
 def not_profiled(correct: Verdict, why: str) -> Verdict:
     return Verdict(record.OK, f"{correct.message} Not profiled: {why}.", trials_passed=correct.trials_passed,
                    details=correct.details, flags=[record.FLAG_NOT_PROFILED])
+
+
+def _load(files: RunLayout, path: Path) -> Any:
+    """Tensors from a file of the run directory, never through a link the writer made."""
+    import torch
+
+    with open_inside(files.work, path) as fh:
+        return torch.load(fh, weights_only=True)
 
 
 def _types(structure: Any) -> str:
