@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,30 @@ def test_optimize_replay_demo_and_show(tmp_path: Path) -> None:
                 "--device", "cpu", "--out", str(out))
     assert again.returncode == 2 and "--resume" in again.stderr  # never overwrites an episode
     assert cli("optimize", str(TASK), "--device", "cpu", "--out", str(tmp_path / "x")).returncode == 2  # no model named
+
+
+# Bad input is the user's mistake, said with exit code 2, and never a verdict on the
+# candidate: a task whose inputs are not tensors and numbers, a binary solution file.
+
+
+def test_a_task_whose_inputs_are_not_tensors_and_numbers_is_the_tasks_fault(tmp_path: Path) -> None:
+    task = tmp_path / "task.py"
+    task.write_text(TASK.read_text().replace(
+        "return [torch.randn(rows, cols), torch.randn(rows, cols)]",
+        "return [torch.randn(rows, cols), {'b': torch.randn(rows, cols), 'mode': object()}]"))
+    p = cli("eval", str(task), str(SOLUTION), "--device", "cpu", "--no-profile")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "get_inputs()[1]['mode']" in p.stderr and "tensors and numbers" in p.stderr
+    assert "ModelNew" not in p.stderr + p.stdout
+
+
+def test_a_binary_model_new_is_refused_like_a_binary_task(tmp_path: Path) -> None:
+    sol = tmp_path / "sol"
+    shutil.copytree(SOLUTION, sol)
+    (sol / "model_new.py").write_bytes(b"\x00" * 64)
+    p = cli("eval", str(TASK), str(sol), "--device", "cpu")
+    assert p.returncode == 2 and "NUL bytes" in p.stderr, p.stdout + p.stderr
+    binary_task = tmp_path / "task.py"
+    binary_task.write_bytes(b"\x00" * 64)
+    q = cli("eval", str(binary_task), str(SOLUTION), "--device", "cpu")
+    assert q.returncode == 2 and "NUL bytes" in q.stderr

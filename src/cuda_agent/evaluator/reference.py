@@ -63,6 +63,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             phase = f"get_inputs (trial {k + 1})"
             seed_all(seed)
             inputs = _as_list(mod.get_inputs())
+            _check_inputs(inputs, torch.Tensor)
             torch.save(inputs, run.inputs(k))
             all_inputs.append(inputs)
         P.write_marker(run.shared / P.READY)  # the candidate waits for this before its trials
@@ -83,6 +84,31 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         P.ReferenceReport(ok=False, phase=phase, error=f"{type(exc).__name__}: {exc}"[:2000],
                           traceback=traceback.format_exc(limit=8)[-4000:]).write(run.reference_report)
         return 1
+
+
+class TaskInputError(TypeError):
+    """The task's get_inputs() returned something a model's inputs cannot be."""
+
+
+def _check_inputs(inputs: list[Any], tensor: type) -> None:
+    """Inputs are tensors and numbers (None, and lists, tuples and dicts of those, too): what
+    the candidate's process can load without running pickled code and a kernel can take."""
+
+    def walk(x: Any, where: str) -> None:
+        if x is None or isinstance(x, (tensor, bool, int, float, complex)):
+            return
+        if isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{where}[{i}]")
+            return
+        if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+            for k, v in x.items():
+                walk(v, f"{where}[{k!r}]")
+            return
+        raise TaskInputError(f"the task's get_inputs() returned a {type(x).__module__}.{type(x).__qualname__} "
+                             f"at {where}; a model's inputs must be tensors and numbers")
+
+    walk(inputs, "get_inputs()")
 
 
 def _as_list(values: Any) -> list[Any]:

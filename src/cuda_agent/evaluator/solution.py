@@ -63,6 +63,8 @@ def _read_text(root: Path, path: Path, rel: str) -> str:
                             f"{MAX_FILE_BYTES}.") from None
     except OSError as exc:
         raise SolutionError(f"{rel} cannot be read ({exc.strerror or exc}).") from None
+    if b"\x00" in data:
+        raise SolutionError(f"{rel} looks like a binary file (it contains NUL bytes); solution files are source text.")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -129,5 +131,9 @@ def _read_kernels(root: Path) -> dict[str, str]:
 def solution_from_files(files: dict[str, str], *, origin: str = "<memory>") -> Solution:
     if "model_new.py" not in files:
         raise SolutionError("solution has no model_new.py.")
+    for rel, text in files.items():
+        if "\x00" in text:
+            raise SolutionError(f"{rel} looks like a binary file (it contains NUL bytes); solution files are source "
+                                "text.")
     fmt = SINGLE_FILE if is_single_file_source(files["model_new.py"]) and len(files) == 1 else WORKSPACE
     return Solution(files=dict(files), format=fmt, origin=origin)
