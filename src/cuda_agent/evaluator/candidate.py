@@ -207,7 +207,10 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
 
         for k in range(spec.trials):
             _progress("trial", trial=k + 1)
-            inputs = to_device(torch.load(run.inputs(k), weights_only=True), device)
+            # (held until the next trial's are loaded: consecutive trials' inputs never share
+            # an address, so a cache keyed by data pointers cannot hit in the trials)
+            cpu_inputs = torch.load(run.inputs(k), weights_only=True)
+            inputs = to_device(cpu_inputs, device)
             pristine = tree_map(inputs, lambda t: t.clone())
             g = guards.GuardReport()
             trial = P.TrialReport(trial=k + 1)
