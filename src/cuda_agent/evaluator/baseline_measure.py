@@ -3,6 +3,8 @@ an evaluation or ahead of one, and caching them (`baselines`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 import time
 from pathlib import Path
@@ -20,9 +22,6 @@ BASELINE_SEEDS = [7001, 7002, 7003, 7004, 7005]  # baselines do not depend on an
 
 def hash_protocol(p: timing.Protocol) -> int:
     """A small stable number for the protocol's settings (part of the baseline cache key)."""
-    import dataclasses
-    import json
-
     return int(short_hash(json.dumps(dataclasses.asdict(p), sort_keys=True), n=6), 16) % 1000
 
 
@@ -60,7 +59,7 @@ class BaselineRun:
             self.proc.deadline.set_in(timeout)
         BaselineSpec(base=str(self.layout.base), task_name=task.name, device=device, init_seed=0,
                      seeds=BASELINE_SEEDS, compile_mode=opts.compile_mode, threads=threads,
-                     protocol=_asdict(opts.protocol), gate_timeout_s=timeout).write(self.layout.spec)
+                     protocol=dataclasses.asdict(opts.protocol), gate_timeout_s=timeout).write(self.layout.spec)
         if spare is None:
             self.proc = processes.baseline_proc(self.layout, opts, device, threads, timeout)
         self.thread = threading.Thread(target=self._wait, daemon=True)
@@ -104,9 +103,3 @@ class BaselineRun:
                 self.proc.wait()
             except BaseException:
                 pass
-
-
-def _asdict(p: timing.Protocol) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(p)
