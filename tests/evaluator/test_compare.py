@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cuda_agent.evaluator import rules
-from cuda_agent.evaluator.compare import compare_outputs, compare_tensors, few_threads
+from cuda_agent.evaluator.compare import REL_NORM, compare_outputs, compare_tensors, few_threads
 
 INF, NAN = math.inf, math.nan
 
@@ -25,6 +25,11 @@ def _rule_by_element(exp: list[float], got: list[float], atol: float, rtol: floa
     for e, g in zip(exp, got, strict=True):
         if math.isfinite(e) and math.isfinite(g) and abs(e - g) > atol + rtol * abs(e):
             return rules.VALUES
+    # and, over the finite pairs, the error's norm within REL_NORM of the reference's
+    pairs = [(e, g) for e, g in zip(exp, got, strict=True) if math.isfinite(e) and math.isfinite(g)]
+    ref = math.sqrt(sum(e * e for e, _ in pairs))
+    if ref > 0 and math.sqrt(sum((e - g) ** 2 for e, g in pairs)) > REL_NORM * ref:
+        return rules.RELATIVE_ERROR
     return None
 
 
@@ -92,3 +97,23 @@ def test_comparisons_use_few_threads_and_restore_the_count() -> None:
     with pytest.raises(RuntimeError), few_threads():
         raise RuntimeError("boom")
     assert torch.get_num_threads() == before
+
+
+def test_an_output_that_ignores_a_reference_smaller_than_atol_fails() -> None:
+    """A wide softmax's values are all below atol: zeros, or a constant, pass element by
+    element but not against the reference's own size; ordinary rounding passes."""
+    x = torch.randn(16, 32768, generator=torch.Generator().manual_seed(0))
+    exp = torch.softmax(x, dim=1)
+    assert float(exp.max()) < 1e-2
+    for wrong in (torch.zeros_like(exp), torch.full_like(exp, 1 / 32768)):
+        m = compare_tensors("output", exp, wrong, 1e-2, 1e-2)
+        assert m is not None and m.rule == rules.RELATIVE_ERROR and "reference's own size" in m.message
+    assert compare_tensors("output", exp, exp.half().float(), 1e-2, 1e-2) is None  # fp16 arithmetic
+    assert compare_tensors("output", exp, torch.softmax(x.double(), 1).float(), 1e-2, 1e-2) is None
+    # a small result of a large cancellation, computed in another order: still close enough
+    big = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 1e3
+    small = torch.randn(4096, generator=torch.Generator().manual_seed(2)) * 1e-3
+    exp = ((big + small) - big).double()
+    assert compare_tensors("output", exp.float(), ((big.double() + small.double()) - big.double()).float(),
+                           1e-2, 1e-2) is None
+    assert compare_tensors("output", torch.zeros(8), torch.full((8,), 1e-3), 1e-2, 1e-2) is None  # no scale

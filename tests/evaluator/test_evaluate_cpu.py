@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cuda_agent.evaluator import rules
 from cuda_agent.evaluator.evaluate import EvalOptions, evaluate
 from cuda_agent.evaluator.solution import load_solution
 from cuda_agent.tasks import load_task_file
@@ -201,13 +202,60 @@ def test_infinite_loop_at_import_times_out(tmp_path: Path) -> None:
     assert "import model_new.py" in res.message
 
 
-def test_fork_bomb_is_contained(tmp_path: Path) -> None:
+def test_fork_bomb_is_stopped_at_the_process_limit(tmp_path: Path) -> None:
     bomb = C.binding("while (true) { fork(); }\n  return a;", extra="#include <unistd.h>\n")
     res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": bomb}), static_checks=False,
-              run_timeout_s=15.0, max_processes=64)
-    assert res.status in ("timeout", "runtime_error")
+              run_timeout_s=60.0, max_processes=64)
+    assert res.status == "runtime_error", res.message
+    if _run_cgroups():  # stopped when it reached the limit, not at the time-out
+        assert "process limit" in res.message and res.timings_s["candidate"] < 30, (res.message, res.timings_s)
     again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby())
     assert again.status == "ok"
+
+
+# Allocates and touches 30 GB, a gigabyte at a time: more than this machine has.
+MEMORY_HOG = C.binding("""
+  std::vector<char*> held;
+  for (int i = 0; i < 30; ++i) {
+    char* p = static_cast<char*>(std::malloc(size_t(1) << 30));
+    if (p == nullptr) break;
+    std::memset(p, 1, size_t(1) << 30);
+    held.push_back(p);
+  }
+  return a;""", extra="#include <cstdlib>\n#include <cstring>\n#include <vector>\n")
+
+
+def test_a_memory_hog_is_killed_at_its_own_limit(tmp_path: Path) -> None:
+    if not _run_cgroups(memory=True):
+        pytest.skip("needs a memory cgroup (root)")
+    res = run(tmp_path, C.AXPBY_TASK, C.axpby(axpby_binding__cpp=MEMORY_HOG), static_checks=False, memory_mb=1024)
+    assert res.status == "runtime_error" and "memory limit" in res.message, res.message
+    assert res.details.get("limit") == "memory"
+    again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby(), memory_mb=1024)  # a real solution fits
+    assert again.status == "ok", again.message
+
+
+def _run_cgroups(memory: bool = False) -> bool:
+    from cuda_agent.sandbox.limits import RunCgroup
+
+    cg = RunCgroup.create(8, 64 << 20 if memory else None)
+    if cg is None:
+        return False
+    cg.remove()
+    return "memory" in cg.dirs if memory else "pids" in cg.dirs
+
+
+def test_zeros_for_a_wide_softmax_are_incorrect(tmp_path: Path) -> None:
+    """Every value of a softmax over 32768 is below atol = 1e-2: zeros pass element by
+    element, not against the reference's own size; the real kernel passes."""
+    task = tmp_path / "wide_softmax.py"
+    task.write_text(C.SOFTMAX_TASK.read_text().replace("dim = 4096", "dim = 32768"))
+    zeros = C.SOFTMAX_SINGLE_FILE.replace("return y;\n}", "y.zero_();\n    return y;\n}", 1)
+    assert zeros != C.SOFTMAX_SINGLE_FILE and "dim = 32768" in task.read_text()
+    res = run(tmp_path / "zeros", task, {"model_new.py": zeros}, static_checks=False)
+    assert res.status == "incorrect" and res.rule == rules.RELATIVE_ERROR, res.message
+    res = run(tmp_path / "real", task, {"model_new.py": C.SOFTMAX_SINGLE_FILE})
+    assert res.status == "ok", res.message
 
 
 def test_huge_allocation_is_a_runtime_error(tmp_path: Path) -> None:

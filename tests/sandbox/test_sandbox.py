@@ -22,7 +22,7 @@ import pytest
 from cuda_agent import sandbox as sb
 from cuda_agent.sandbox import runner
 from cuda_agent.sandbox.bwrap import build_env, bwrap_args, gpu_uuid, python_paths
-from cuda_agent.sandbox.limits import PidsCgroup
+from cuda_agent.sandbox.limits import MEMORY, PROCESSES, RunCgroup
 from cuda_agent.sandbox.process import Capture
 from cuda_agent.sandbox.runner import probe
 
@@ -52,12 +52,12 @@ def work(tmp_path: Path) -> Path:
     return d
 
 
-def _cgroup_possible() -> bool:
-    cg = PidsCgroup.create(8)
+def _cgroup_possible(memory: bool = False) -> bool:
+    cg = RunCgroup.create(8, 64 << 20 if memory else None)
     if cg is None:
         return False
     cg.remove()
-    return True
+    return "memory" in cg.dirs if memory else "pids" in cg.dirs
 
 
 # --------------------------------------------------------------------------- basics
@@ -366,10 +366,37 @@ def test_fork_bomb_python_is_contained(work: Path) -> None:
 
 
 @needs_bwrap
+@BOTH
+def test_a_fork_bomb_is_stopped_when_it_reaches_the_process_limit(work: Path, enabled: bool) -> None:
+    if not (ROOT and _cgroup_possible()):
+        pytest.skip("needs a pids cgroup (root)")
+    t0 = time.monotonic()
+    r = go(py("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"), work, enabled,
+           max_processes=64, timeout_s=60)
+    assert r.limit == PROCESSES and not r.timed_out and time.monotonic() - t0 < 15, r
+    assert "process limit" in r.describe()
+    after = go(["echo", "alive"], work, enabled)
+    assert after.ok and after.limit is None
+
+
+@needs_bwrap
+@BOTH
+def test_memory_beyond_the_runs_limit_is_killed_in_its_own_cgroup(work: Path, enabled: bool) -> None:
+    if not (ROOT and _cgroup_possible(memory=True)):
+        pytest.skip("needs a memory cgroup (root)")
+    hog = "chunks = []\nwhile True:\n    chunks.append(b\"x\" * (64 << 20))  # touched"
+    r = go(py(hog), work, enabled, memory_mb=512, timeout_s=60)
+    assert r.limit == MEMORY and r.signal == signal.SIGKILL and not r.timed_out, r
+    assert "memory limit" in r.describe()
+    fits = go(py("b = bytearray(128 << 20)\nprint(len(b))"), work, enabled, memory_mb=512)
+    assert fits.ok and fits.limit is None, fits
+
+
+@needs_bwrap
 def test_fork_bomb_shell_is_contained(work: Path) -> None:
     t0 = time.monotonic()
     r = go(["sh", "-c", "b(){ b|b& }; b; sleep 10"], work, max_processes=64, timeout_s=3)
-    assert r.timed_out and time.monotonic() - t0 < 10
+    assert (r.timed_out or r.limit == PROCESSES) and time.monotonic() - t0 < 10
     after = go(["echo", "alive"], work)
     assert after.ok and after.stdout == "alive\n"
 

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluator import child, timing  # timing binds its clocks first
+from cuda_agent.evaluator import child, timing, vouch  # they bind their clocks first
 from cuda_agent.evaluator import protocol as P
 
 
@@ -117,6 +117,16 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             phase = "timing eager"
             res = timing.measure(subjects, sets, device.type, proto, spent_s=spent, probe=True)
         summaries = {name: m.summary() for name, m in res.items()}
+        phase = "vouched batches"
+        # The candidate's vouched batches are timed by the parent; these, of the same
+        # batch function, by this trusted process's clock (see `vouch`).
+        with torch.no_grad():
+            ready_made = eager(*sets[0])
+        vouched = {"null": vouch.time_batches(vouch.null_subject(ready_made), sets, device)}
+        for name, subject in subjects.items():
+            vouched[name] = vouch.time_batches(subject, sets, device)
+        vouched.setdefault("compile", vouched["eager"])
+        result.vouched = vouched
         result.eager = summaries["eager"]
         result.compile = summaries.get("compile", summaries["eager"])
         result.probe = summaries.get(timing.PROBE)
@@ -151,7 +161,7 @@ def _imports() -> None:
     import torch._dynamo  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
 
-    from cuda_agent.evaluator import tensors  # noqa: F401
+    from cuda_agent.evaluator import tensors, vouch  # noqa: F401
     from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
 
 

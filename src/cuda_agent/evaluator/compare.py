@@ -20,6 +20,13 @@ class Mismatch:
     message: str
 
 
+# The error's norm may be at most this share of the reference's: an output whose every
+# element is within atol of the reference can still ignore its input when the reference's
+# values are all smaller than atol (a wide softmax, say, whose outputs are ~1/width: zeros
+# pass atol = 1e-2 there, and have an error norm equal to the reference's own).
+REL_NORM = 0.2
+
+
 def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
@@ -74,7 +81,7 @@ def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float
     e = exp.to(torch.float64) if not exp.is_complex() else exp.to(torch.complex128)
     g = got.to(e.dtype)
     if not e.is_complex() and _all_close(e, g, atol, rtol):
-        return None
+        return _relative_error(path, e, g)
     for name, fn in (("NaN", torch.isnan), ("+Inf", lambda t: torch.isposinf(t.real)),
                      ("-Inf", lambda t: torch.isneginf(t.real))):
         me, mg = fn(e), fn(g)
@@ -98,7 +105,24 @@ def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float
             f"(|diff| {_fmt(diff[idx].item())} > atol {atol:g} + rtol {rtol:g} * |expected|); "
             f"{n} of {e.numel()} elements ({100.0 * n / e.numel():.3g}%) out of tolerance, max |diff| {_fmt(maxd)}."
         ))
-    return None
+    return _relative_error(path, e, g)
+
+
+def _relative_error(path: str, e: torch.Tensor, g: torch.Tensor) -> Mismatch | None:
+    """Elementwise within tolerance, but is the error small beside the reference itself?
+    (finite elements only; an all-zero reference has no scale to measure against)."""
+    finite = torch.isfinite(e) & torch.isfinite(g)
+    ref = float(torch.linalg.vector_norm(e[finite]))
+    if ref == 0.0:
+        return None
+    err = float(torch.linalg.vector_norm((e - g)[finite]))
+    if err <= REL_NORM * ref:
+        return None
+    return Mismatch(rules.RELATIVE_ERROR, (
+        f"{path} is within atol of the reference element by element, but its error is {err / ref:.3g} of the "
+        f"reference's own size (norm of the difference {_fmt(err)}, of the reference {_fmt(ref)}; at most "
+        f"{REL_NORM:g} passes): the reference's values are smaller than atol, so the output must follow them, "
+        "not just stay near zero."))
 
 
 def compare_outputs(exp: Any, got: Any, atol: float, rtol: float, path: str = "output") -> Mismatch | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent import sandbox
-from cuda_agent.evaluator import baselines, processes, protocol, record, verdict, warm
+from cuda_agent.evaluator import baselines, processes, protocol, record, verdict, vouch, warm
 from cuda_agent.evaluator.baseline_measure import BaselineRun, baseline_key
 from cuda_agent.evaluator.options import EvalOptions, resolve_device
 from cuda_agent.evaluator.protocol import CandidateReport, CandidateSpec, ProfileSpec, RunLayout
@@ -68,6 +68,7 @@ class Evaluation:
         self.baseline_error: str | None = None
         self.baseline_runs: list[BaselineRun] = []
         self.gated = False  # the candidate's profile waits for a baseline measurement
+        self.vouched: vouch.VouchedRun | None = None  # the parent's timed batches of the candidate
         self.warm_baseline = opts.warm and (opts.warm_baseline if opts.warm_baseline is not None
                                             else self.device == "cuda")
 
@@ -143,12 +144,15 @@ class Evaluation:
     def start_reference(self) -> threading.Thread:
         f = self.files
         f.task_code.write_text(self.task.code)
+        # After its trials it waits for the vouched batches' checked calls (`finish_reference`)
+        # for as long as the candidate may run.
+        serve_s = self.opts.run_timeout_s * 3
         protocol.ReferenceSpec(work=str(f.work), task_name=self.task.name, device=self.device, seeds=self.seeds,
-                               init_seed=self.init_seed).write(f.reference_spec)
+                               init_seed=self.init_seed, serve_s=serve_s).write(f.reference_spec)
 
         def go() -> None:
             t0 = time.perf_counter()
-            self.reference_run = self.run_process("reference", self.opts.run_timeout_s,
+            self.reference_run = self.run_process("reference", self.opts.run_timeout_s + serve_s,
                                                   (f.private / protocol.STARTED).exists)
             self.timings["reference"] = time.perf_counter() - t0
             if not (f.shared / protocol.READY).exists():
@@ -157,6 +161,20 @@ class Evaluation:
         th = threading.Thread(target=go, daemon=True)
         th.start()
         return th
+
+    def reference_idle(self, ref: threading.Thread) -> bool:
+        """The reference has ended, or finished its trials and waits (idle) for requests."""
+        return not ref.is_alive() or self.files.reference_report.exists()
+
+    def finish_reference(self, ref: threading.Thread) -> None:
+        """Ask the reference for the vouched batches' checked calls (or for nothing), and
+        wait for it to end."""
+        calls = self.vouched.requests() if self.vouched is not None else []
+        if calls and ref.is_alive():
+            protocol.ExpectRequest(calls=calls).write(self.files.expect_request)
+        else:
+            protocol.write_marker(self.files.private / protocol.END)
+        ref.join()
 
     def reference_outcome(self) -> protocol.ReferenceReport:
         report = protocol.ReferenceReport.read(self.files.reference_report, inside=self.files.work)
@@ -203,9 +221,33 @@ class Evaluation:
                       profile=profile).write(f.candidate_spec)
         timeout = self.opts.run_timeout_s * (2 if self.gated else 1)
         t0 = time.perf_counter()
-        run = self.run_process("candidate", timeout, f.progress.exists)
+        ended = threading.Event()
+        driver = None
+        if profile is not None:
+            # the parent's own batches, timed by its clock (see `vouch`)
+            driver = threading.Thread(target=self.drive_vouched, args=(ended, time.monotonic() + timeout + 30),
+                                      daemon=True)
+            driver.start()
+        try:
+            run = self.run_process("candidate", timeout, f.progress.exists)
+        finally:
+            ended.set()
+            if driver is not None:
+                driver.join()
         self.timings["candidate"] = time.perf_counter() - t0
         return run
+
+    def drive_vouched(self, ended: threading.Event, deadline: float) -> None:
+        def one_output_bytes() -> int:
+            report = protocol.ReferenceReport.read(self.files.reference_report, inside=self.files.work)
+            return _structure_bytes(report.structures[0]) if report and report.structures else 0
+
+        try:
+            self.vouched = vouch.drive(self.files.cmd, self.files.reply, lambda: not ended.is_set(), self.device,
+                                       one_output_bytes, deadline)
+        except Exception as exc:  # the parent's side failed: said so, never raised
+            self.vouched = vouch.VouchedRun(error=f"the parent could not run the timed batches: "
+                                                  f"{type(exc).__name__}: {exc}")
 
     # -- baselines -------------------------------------------------------------------------
 
@@ -261,7 +303,7 @@ class Evaluation:
         """One measurement at a time: the baselines once they are compiled and nothing else
         runs on the device (verification done, reference done), then the candidate's profile."""
         free = self.files.out / protocol.DEVICE_FREE
-        while not (base.compiled() and (not cand.is_alive() or free.exists()) and not ref.is_alive()):
+        while not (base.compiled() and (not cand.is_alive() or free.exists()) and self.reference_idle(ref)):
             time.sleep(0.01)
         base.go()
         self.finish_baseline(base)
@@ -298,7 +340,8 @@ class Evaluation:
         if profile is None or self.baseline is None:
             return verdict.not_profiled(correct, self.baseline_error or "the candidate process was not given the device")
         self.timings["profile"] = profile.seconds
-        wrong = verdict.timed_outputs_verdict(profile, self.files, self.opts.trials, self.opts.atol, self.opts.rtol)
+        wrong = verdict.timed_outputs_verdict(profile, self.files, self.opts.trials, self.opts.atol, self.opts.rtol) \
+            or verdict.vouched_verdict(self.vouched, self.files, self.opts.atol, self.opts.rtol)
         if wrong is not None:
             wrong.trials_passed = correct.trials_passed
             return wrong
@@ -306,8 +349,10 @@ class Evaluation:
         if remeasured and self.baseline_error:
             v = verdict.not_profiled(correct, self.baseline_error)
         else:
+            assert self.vouched is not None
             v = verdict.speed_verdict(correct, profile, self.baseline, self.device,
-                                      self.opts.protocol.target_rel_ci, self.drift_bound, self.io_bytes())
+                                      self.opts.protocol.target_rel_ci, self.drift_bound, self.io_bytes(),
+                                      self.vouched.stats())
         if remeasured:
             v.flags.insert(0, record.FLAG_REMEASURED)
         if v.speed is None:
@@ -355,7 +400,7 @@ class Evaluation:
             self.timings["build"] = time.perf_counter() - t0
             self.mark("built")
             if not built.ok:
-                ref_thread.join()
+                self.finish_reference(ref_thread)
                 self.reference_outcome()  # a broken task is reported as such, even here
                 return self.result(Verdict(built.status, built.message, rule=built.rule,
                                            details={"build_cached": built.cached}))
@@ -372,7 +417,7 @@ class Evaluation:
                 self.mark("baselines measured")
             cand_thread.join()
             self.mark("candidate ended")
-            ref_thread.join()
+            self.finish_reference(ref_thread)
             self.mark("reference ended")
             reference = self.reference_outcome()
             report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
@@ -400,6 +445,8 @@ class Evaluation:
     def clean_up(self) -> None:
         """Processes no verdict waits for are ended, run directories removed, and the next
         evaluation's spares started (after this one's measurements)."""
+        with contextlib.suppress(OSError):
+            protocol.write_marker(self.files.private / protocol.END)  # a reference still waiting
         if self.spare is not None:
             for proc in self.spare.procs.values():  # not needed (a build failed): gone
                 proc.kill()
@@ -418,6 +465,22 @@ class Evaluation:
         if self.opts.warm:
             # the next evaluation's spare, unless it was started early (`take_spare`)
             self.offer_spare()
+
+
+def _structure_bytes(structure: Any) -> int:
+    """Bytes of the tensors a `tensors.describe()` structure describes."""
+    sizes = {"float64": 8, "int64": 8, "complex64": 8, "complex128": 16, "float32": 4, "int32": 4,
+             "float16": 2, "bfloat16": 2, "int16": 2}
+    if not isinstance(structure, dict):
+        return 0
+    if structure.get("kind") == "tensor":
+        n = 1
+        for d in structure.get("shape") or []:
+            n *= int(d)
+        return n * sizes.get(str(structure.get("dtype", "")).removeprefix("torch."), 1)
+    items = structure.get("items")
+    values = items.values() if isinstance(items, dict) else items if isinstance(items, list) else []
+    return sum(_structure_bytes(x) for x in values)
 
 
 def _import_torch() -> None:

@@ -23,6 +23,9 @@ class EvalOptions:
     build_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
     max_processes: int = 512
+    # memory of each sandboxed process (a cgroup of its own, where the evaluator runs as root);
+    # None: MEMORY_SHARE of the machine's
+    memory_mb: int | None = None
     build_key: str | None = None  # which kept build directory to use; default: the solution's origin
     keep_run_dir: bool = False
     jobs: int | None = None
@@ -57,11 +60,30 @@ class EvalOptions:
             return rng.randrange(2**31), [rng.randrange(2**31) for _ in range(self.trials)]
         return self.seed, [self.seed + 1 + k for k in range(self.trials)]
 
+    def memory_limit_mb(self) -> int:
+        if self.memory_mb is not None:
+            return self.memory_mb
+        return int(physical_memory_mb() * MEMORY_SHARE)
+
     def drift(self, device: str) -> float:
         """The drift bound in force on `device`."""
         if self.drift_bound is not None:
             return self.drift_bound
         return 0.05 if device == "cuda" else 0.25
+
+
+MEMORY_SHARE = 0.6  # of the machine's memory, one sandboxed process's limit by default
+
+
+def physical_memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 16 << 10
 
 
 def resolve_device(device: str) -> str:

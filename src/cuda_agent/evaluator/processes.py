@@ -50,7 +50,7 @@ def python_env(device: str, threads: int | None = None) -> dict[str, str]:
 def sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.SandboxConfig:
     return sandbox.SandboxConfig(
         enabled=opts.sandbox, timeout_s=timeout, max_processes=opts.max_processes,
-        gpu_index=opts.gpu_index if device == "cuda" else None,
+        gpu_index=opts.gpu_index if device == "cuda" else None, memory_mb=opts.memory_limit_mb(),
     )
 
 
@@ -117,7 +117,7 @@ def device_key(opts: EvalOptions, device: str) -> tuple[str, int]:
 
 
 def spare_key(opts: EvalOptions, device: str, threads: int) -> tuple[Any, ...]:
-    return (*device_key(opts, device), threads, opts.sandbox, opts.max_processes,
+    return (*device_key(opts, device), threads, opts.sandbox, opts.max_processes, opts.memory_limit_mb(),
             os.environ.get("PYTHONPATH", ""))
 
 

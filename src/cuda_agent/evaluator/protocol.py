@@ -8,6 +8,9 @@ the table says:
       reference_spec.json  ReferenceSpec (parent)    reference.json   ReferenceReport
       model.py             the task's code (parent)  expected_K.pt    trial K's expected outputs
       started              the job reached the process
+      expect.json          ExpectRequest (parent): the checked calls of the vouched batches
+      vexp_B_I.pt          call I of vouched batch B's expected outputs; then `expected`
+      end                  (parent) nothing more to compute: the reference exits
     shared/           written by the reference, read by the candidate
       init_inputs.pt, state_dict.pt, inputs_K.pt, and then `ready` (or `failed`)
     cin/              written by the parent, read by the candidate
@@ -15,9 +18,13 @@ the table says:
       ext/K/NAME.so        the built extensions
     run/              candidate's cwd: the solution's files
       out/            progress.json (Progress), report.json (CandidateReport),
-                      out_K.pt (trial K's outputs), timed_K.pt (a timed call's outputs),
-                      device-free (it waits for the go, or is done with the device)
-    gate-candidate/   `go` (measure now) or `cancel`, written by the parent
+                      out_K.pt (trial K's outputs), after_K.pt (trial K's inputs after
+                      the call), timed_K.pt (a timed call's outputs), vouched_B_I.pt
+                      (a checked call of vouched batch B), device-free (it waits for the
+                      go, or is done with the device)
+    gate-candidate/   `go` (measure now) or `cancel`, written by the parent; the FIFOs
+                      `cmd` (parent -> candidate) and `reply` (candidate -> parent) of
+                      the vouched batches (see `vouch`)
     capture/          single-file solutions: the `load_inline` calls (CaptureReport)
 
 A baseline run (`BaselineLayout`) has out/ (its cwd: spec.json, `compiled`,
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -51,6 +59,8 @@ STARTED = "started"  # private/: the reference's job reached its process
 GO = "go"  # a gate: measure now
 CANCEL = "cancel"  # a gate: do not measure
 DEVICE_FREE = "device-free"  # run/out/: the candidate waits for the go, or has finished
+EXPECTED = "expected"  # private/: the vouched batches' expected outputs are written
+END = "end"  # private/: the reference has nothing more to compute
 COMPILED = "compiled"  # baseline out/: torch.compile is done (or failed); measuring may start
 SPARE_GO = ".spare-go"  # a spare's cwd: its device stage may start (see `warm`)
 SPARE_READY = ".spare-ready"  # a spare's cwd: it has warmed up and waits for its spec
@@ -99,6 +109,9 @@ class RunLayout:
     candidate_report = _Under("run", "out", "report.json")
     init_inputs = _Under("shared", "init_inputs.pt")
     state_dict = _Under("shared", "state_dict.pt")
+    cmd = _Under("gate-candidate", "cmd")  # FIFO: the parent's commands (see `vouch`)
+    reply = _Under("gate-candidate", "reply")  # FIFO: the candidate's answers
+    expect_request = _Under("private", "expect.json")
 
     def inputs(self, k: int) -> Path:
         """Trial k's inputs (written by the reference)."""
@@ -112,6 +125,17 @@ class RunLayout:
         """Trial k's outputs as the candidate wrote them."""
         return self.out / f"out_{k}.pt"
 
+    def inputs_after(self, k: int) -> Path:
+        """Trial k's inputs as the candidate's call left them."""
+        return self.out / f"after_{k}.pt"
+
+    def vouched_output(self, b: int, i: int) -> Path:
+        """Call i of vouched batch b's outputs, as the candidate revealed them."""
+        return self.out / f"vouched_{b}_{i}.pt"
+
+    def vouched_expected(self, b: int, i: int) -> Path:
+        return self.private / f"vexp_{b}_{i}.pt"
+
     def timed_output(self, k: int) -> Path:
         """A timed call's outputs for trial k's inputs."""
         return self.out / f"timed_{k}.pt"
@@ -124,6 +148,11 @@ class RunLayout:
         for d in (self.shared, self.private, self.out, self.cin / "ext", self.gate):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)
+        # the candidate reads `cmd` and writes `reply`; the folder is read-only to it
+        for path, mode in ((self.cmd, 0o644), (self.reply, 0o622)):
+            if not path.exists():
+                os.mkfifo(path)
+            os.chmod(path, mode)
         return self
 
 
@@ -253,6 +282,14 @@ class ReferenceSpec(Record):
     device: str
     seeds: list[int]
     init_seed: int
+    serve_s: float = 0.0  # how long it waits for an ExpectRequest after its trials
+
+
+@dataclass
+class ExpectRequest(Record):
+    """The calls of the vouched batches the parent checks: {"b", "seed", "i"} each."""
+
+    calls: list[dict[str, int]]
 
 
 @dataclass
@@ -314,7 +351,6 @@ class TrialReport(Record):
     ops: dict[str, int] = field(default_factory=dict)
     structure: Any = None  # tensors.describe() of the outputs
     aliases: list[str] = field(default_factory=list)
-    mutated_inputs: list[str] = field(default_factory=list)
     exact_types: bool = False
     streams: dict[str, Any] = field(default_factory=dict)
 
@@ -351,6 +387,7 @@ class CandidateReport(Record):
     verified: bool = False
     profile: ProfileReport | None = None
     profile_skipped: bool = False
+    vouch_end: str = ""  # how the vouched batches ended, as the candidate saw it
     phases_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -392,6 +429,7 @@ class BaselineReport(Record):
     compile_traceback: str | None = None
     compile_matches_eager: bool | None = None
     copy_gbps: float | None = None
+    vouched: dict[str, Any] | None = None  # vouch.time_batches of eager, compile and null
     device_name: str | None = None
     threads: int | None = None
     torch_version: str | None = None
@@ -403,7 +441,7 @@ class BaselineReport(Record):
 
     # What the cache keeps beside the two times (see `baselines.Baseline.extra`).
     EXTRA = ("compile_s", "compile_error", "compile_retried", "compile_traceback", "compile_matches_eager",
-             "copy_gbps", "device_name", "threads", "torch_version", "seconds", "measure_s", "probe")
+             "copy_gbps", "device_name", "threads", "torch_version", "seconds", "measure_s", "probe", "vouched")
 
     def extra(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.EXTRA if getattr(self, k) is not None}

@@ -27,6 +27,7 @@ FLAG_TORCH_KERNELS = "torch-kernels-in-candidate"
 FLAG_WIDE_CI = "timing-ci-above-target"
 FLAG_NOT_PROFILED = "not-profiled"
 FLAG_OVER_BANDWIDTH = "over-bandwidth-baselines-too"
+FLAG_UNVOUCHED = "in-process-time-not-vouched"  # speedups counted from the parent's own batches
 
 
 @dataclass

@@ -78,12 +78,44 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             torch.save(to_device(out, torch.device("cpu"), detach=True), run.expected(k))
         P.ReferenceReport(ok=True, structures=structures, seconds=time.perf_counter() - t0, phases_s=phases,
                           n_params=sum(p.numel() for p in model.parameters())).write(run.reference_report)
+        phase = "expected outputs of the vouched batches"
+        _serve(run, model, [to_device(x, device) for x in all_inputs], device, spec.serve_s)
         return 0
     except BaseException as exc:  # the task's own code failed: report it, whatever it was
         P.write_marker(run.shared / P.FAILED)
         P.ReferenceReport(ok=False, phase=phase, error=f"{type(exc).__name__}: {exc}"[:2000],
                           traceback=traceback.format_exc(limit=8)[-4000:]).write(run.reference_report)
         return 1
+
+
+def _serve(run: P.RunLayout, model: Any, sets: list[list[Any]], device: Any, serve_s: float) -> None:
+    """After the trials: wait (idle) for the parent's `ExpectRequest`, then compute the
+    expected outputs of the vouched batches' checked calls, on the inputs `vouch`
+    rebuilds from their seeds; or for `end`."""
+    import torch
+
+    from cuda_agent.evaluator import vouch
+    from cuda_agent.evaluator.tensors import to_device
+
+    deadline = time.monotonic() + serve_s
+    while not (run.private / P.END).exists() and run.private.exists():
+        request = P.ExpectRequest.read(run.expect_request) if run.expect_request.exists() else None
+        if request is not None:
+            buffers = [t.clone() if isinstance(t, torch.Tensor) else t for t in sets[0]]
+            for call in request.calls:
+                try:
+                    vouch.vary_inputs(buffers, sets, int(call["seed"]), int(call["i"]))
+                    with torch.no_grad():
+                        out = model(*buffers)
+                    torch.save(to_device(out, torch.device("cpu"), detach=True),
+                               run.vouched_expected(int(call["b"]), int(call["i"])))
+                except Exception:  # the task fails on these inputs: that call goes unchecked (and said so)
+                    continue
+            P.write_marker(run.private / P.EXPECTED)
+            return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
 
 
 class TaskInputError(TypeError):
@@ -118,7 +150,7 @@ def _as_list(values: Any) -> list[Any]:
 def _imports() -> None:
     import torch  # noqa: F401
 
-    from cuda_agent.evaluator import tensors  # noqa: F401
+    from cuda_agent.evaluator import tensors, vouch  # noqa: F401
     from cuda_agent.tasks import import_task_module, task_from_code  # noqa: F401
 
 

@@ -37,6 +37,7 @@ SHAPE = "output-shape"
 DTYPE = "output-dtype"
 DEVICE = "output-device"
 VALUES = "output-values"
+RELATIVE_ERROR = "output-relative-error"  # within atol everywhere, yet as far off as the reference is large
 NONFINITE = "nonfinite-mismatch"
 TIMED_OUTPUT = "timed-output-mismatch"
 
@@ -45,8 +46,9 @@ WALL_GAP = "wall-time-gap"
 FOREIGN_KERNELS = "device-time-not-in-extension"
 NO_DEVICE_WORK = "no-device-work"
 BANDWIDTH = "faster-than-memory-bandwidth"
+VOUCHED = "vouched-batches"  # the candidate process did not answer the parent's timed batches
 
 ALL: tuple[str, ...] = (
     *STATIC, PARAMETERS, INPUT_MUTATION, OUTPUT_TYPE, OUTPUT_ALIAS, STREAM, STRUCTURE, SHAPE, DTYPE,
-    DEVICE, VALUES, NONFINITE, TIMED_OUTPUT, WALL_GAP, FOREIGN_KERNELS, NO_DEVICE_WORK, BANDWIDTH,
+    DEVICE, VALUES, RELATIVE_ERROR, NONFINITE, TIMED_OUTPUT, WALL_GAP, FOREIGN_KERNELS, NO_DEVICE_WORK, BANDWIDTH, VOUCHED,
 )

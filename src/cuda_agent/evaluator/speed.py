@@ -20,6 +20,16 @@ alone. A drift beyond a bound re-measures the baselines (see `evaluate`). Withou
 on both sides, eager beside the candidate stands in for it (a noisier stand-in: see
 `baselines.drifted`).
 
+Those times come from inside the candidate's process, which its extension controls. The
+parent times its own batches of calls (`vouch`), against the same batches of eager and
+torch.compile in the trusted baseline process, with the protocol's own cost taken off
+both. An in-process speedup counts where it is within `VOUCH_BAND` of that vouched one;
+beyond it, the vouched speedup counts instead (flag `in-process-time-not-vouched`). A
+forged clock, a forged profile or work skipped only while profiled therefore gains at
+most the band. Where the two legitimately differ (a call bound by its launch on the
+host, whose device time is far below its time per call), the vouched figure is the one
+the parent can stand behind.
+
 On CUDA, times are device time (profiler); the wall time beside it is the cross-check:
 work done on the host, in another thread or outside the profiled region shows up as a gap
 between wall and device time that the baselines do not have.
@@ -48,6 +58,9 @@ TORCH_SHARE_REJECT = 0.5  # share of device time in PyTorch's own kernels that r
 TORCH_SHARE_FLAG = 0.1
 PROBE_BAND = 0.05  # the probe beside the candidate may be this much faster before speedups shrink
 BANDWIDTH_FACTOR = 1.5  # implied traffic above this many times the measured copy bandwidth rejects
+# how far above the vouched speedup an in-process one may be and still count: the spread of
+# the parent's batch times between processes (wider on a shared CPU)
+VOUCH_BAND = {"cuda": 0.10, "cpu": 0.20}
 
 
 def kernel_kind(name: str) -> str:
@@ -82,10 +95,40 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.inf if a > 0 else 0.0
 
 
+def _vouch(out: SpeedOutcome, cand: dict[str, Any] | None, base: dict[str, Any] | None, scale: float,
+           device: str) -> None:
+    """Hold the in-process speedups to the parent's vouched ones (see the module text)."""
+    from cuda_agent.evaluator.vouch import per_call_work_us
+
+    if not cand or not base or "eager" not in base:
+        out.flags.append(R.FLAG_UNVOUCHED)
+        out.details["vouched"] = "no vouched times to check the in-process ones against"
+        return
+    null = base.get("null")
+    compile_ = base.get("compile") or base["eager"]
+    (c, uc), (e, ue), (k, uk) = (per_call_work_us(x, null) for x in (cand, base["eager"], compile_))
+    v_e, v_k = _ratio(e * scale, c), _ratio(k * scale, c)
+    # the band: the spread of processes' batch times, widened by how uncertain the
+    # protocol-less differences are (a task whose work is small beside the protocol's)
+    band_e = VOUCH_BAND.get(device, 0.2) + uc + ue
+    band_k = VOUCH_BAND.get(device, 0.2) + uc + uk
+    out.details["vouched"] = {
+        "per_call_us": {"candidate": cand.get("per_call_us"), "eager": base["eager"].get("per_call_us"),
+                        "compile": compile_.get("per_call_us"), "protocol": null.get("per_call_us") if null else None},
+        "work_us": {"candidate": round(c, 3), "eager": round(e, 3), "compile": round(k, 3)},
+        "calls_per_batch": cand.get("calls"), "speedup_vs_eager": round(v_e, 4),
+        "speedup_vs_compile": round(v_k, 4), "band": [round(band_e, 4), round(band_k, 4)],
+        "in_process": {"speedup_vs_eager": out.speedup_vs_eager, "speedup_vs_compile": out.speedup_vs_compile}}
+    if out.speedup_vs_eager > v_e * (1 + band_e) or out.speedup_vs_compile > v_k * (1 + band_k):
+        out.flags.append(R.FLAG_UNVOUCHED)
+        out.speedup_vs_eager, out.speedup_vs_compile = round(v_e, 4), round(v_k, 4)
+
+
 def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict[str, Any],
           base_compile: dict[str, Any], device: str, target_rel_ci: float = 0.01,
           drift_bound: float = 0.10, io_bytes: int = 0, bandwidth_gbps: float = 0.0,
-          probe_now: dict[str, Any] | None = None, probe_base: dict[str, Any] | None = None) -> SpeedOutcome:
+          probe_now: dict[str, Any] | None = None, probe_base: dict[str, Any] | None = None,
+          vouched: dict[str, Any] | None = None, vouched_base: dict[str, Any] | None = None) -> SpeedOutcome:
     """Speedups and checks; the dicts are `timing.Measurement.summary()` outputs.
 
     `io_bytes` (inputs plus outputs of one call) and `bandwidth_gbps` (the device's measured
@@ -118,6 +161,7 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
     if probe_now and probe_base:
         out.details["probe_us"] = {"beside_candidate": _short(probe_now["device"]),
                                    "beside_baselines": _short(probe_base["device"])}
+    _vouch(out, vouched, vouched_base, wscale, device)
     if b_e_dev > 0 and e_dev > b_e_dev * (1 + drift_bound):
         out.flags.append(R.FLAG_EAGER_SLOWER)
     if max(candidate["device"].get("rel_ci", 0), base_compile["device"].get("rel_ci", 0)) > target_rel_ci:

@@ -22,6 +22,7 @@ from cuda_agent.evaluator.protocol import (
     TrialReport,
 )
 from cuda_agent.evaluator.reward import Speedups
+from cuda_agent.evaluator.vouch import VouchedRun
 from cuda_agent.files import open_inside
 
 
@@ -63,6 +64,14 @@ def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, 
                         timeout_s: float) -> Verdict:
     """The candidate process's trials against the reference's outputs."""
     where = progress.where() if progress else "start-up"
+    if run.limit == sandbox.MEMORY:
+        return Verdict(record.RUNTIME_ERROR, f"the candidate process {run.describe()} during {where}: it used "
+                       "more memory than a sandboxed process may (EvalOptions.memory_mb); allocate what the "
+                       "task needs, not more.", details={"limit": run.limit})
+    if run.limit == sandbox.PROCESSES:
+        return Verdict(record.RUNTIME_ERROR, f"the candidate process {run.describe()} during {where}: it started "
+                       "more processes and threads than a sandboxed process may; a kernel must not fork.",
+                       details={"limit": run.limit})
     if run.timed_out:
         return Verdict(record.TIMEOUT, f"the candidate did not finish within {timeout_s:g} s (during {where}); "
                        "look for an infinite loop or a hung kernel.")
@@ -84,7 +93,7 @@ def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, 
             failed.trials_passed = passed
             return failed
         passed += 1
-    if not report.ok or passed != trials:
+    if not report.ok or passed != trials or not run.ok:
         return Verdict(record.RUNTIME_ERROR, f"the candidate stopped after {passed} trials ({run.describe()}).",
                        trials_passed=passed)
     return Verdict(record.OK, f"correct on {passed} of {trials} trials (atol {atol:g}, rtol {rtol:g}).",
@@ -115,9 +124,6 @@ def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: Reference
     if trial.aliases:
         return fail(record.REJECTED, f"{trial.aliases[0]}; outputs must be new tensors, not views of inputs.",
                     rule=rules.OUTPUT_ALIAS)
-    if trial.mutated_inputs:
-        return fail(record.REJECTED, f"ModelNew changed its input {trial.mutated_inputs[0]}; inputs must be left "
-                    "as they were.", rule=rules.INPUT_MUTATION)
     if k < len(reference.structures):
         m = compare_devices(reference.structures[k], trial.structure)
         if m:
@@ -130,6 +136,13 @@ def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: Reference
     m = compare_outputs(expected, got, atol, rtol)
     if m:
         return fail(record.INCORRECT, m.message, rule=m.rule)
+    try:
+        mutated = _mutated(_load(files, files.inputs(k)), _load(files, files.inputs_after(k)))
+    except Exception as exc:
+        return fail(record.RUNTIME_ERROR, f"the inputs after the call could not be read ({type(exc).__name__}: {exc}).")
+    if mutated:
+        return fail(record.REJECTED, f"ModelNew changed its input {mutated}; inputs must be left "
+                    "as they were.", rule=rules.INPUT_MUTATION)
     return None
 
 
@@ -158,8 +171,44 @@ def timed_outputs_verdict(profile: ProfileReport, files: RunLayout, trials: int,
     return None
 
 
+def vouched_verdict(run: VouchedRun | None, files: RunLayout, atol: float, rtol: float) -> Verdict | None:
+    """The parent's timed batches: they ran to the end, and every checked call's output is
+    the one committed right after the call and the reference's for its inputs."""
+
+    from cuda_agent.evaluator.compare import compare_outputs
+    from cuda_agent.evaluator.vouch import commit_hash
+
+    if run is None or run.error or not run.timed():
+        why = run.error if run is not None and run.error else "the timed batches did not run"
+        return Verdict(record.RUNTIME_ERROR, f"{why}; the evaluator times the calls itself, in batches it sends "
+                       "after the trials, and the candidate process must answer them until told to stop.",
+                       rule=rules.VOUCHED)
+    unchecked = 0
+    for batch in run.batches:
+        for i in batch.revealed:
+            where = f"timed call {i + 1} of {batch.n} in batch {batch.b + 1}"
+            if not files.vouched_expected(batch.b, i).exists():
+                unchecked += 1  # the task's own Model failed on these inputs
+                continue
+            try:
+                got = _load(files, files.vouched_output(batch.b, i))
+                expected = _load(files, files.vouched_expected(batch.b, i))
+            except Exception as exc:
+                return Verdict(record.RUNTIME_ERROR, f"the output of {where} could not be read "
+                               f"({type(exc).__name__}: {exc}).", rule=rules.VOUCHED)
+            if int(commit_hash(got, batch.key, "cpu")) != batch.hashes[i]:
+                return Verdict(record.INCORRECT, f"the output of {where} changed after the call returned (it is "
+                               "not what the call had returned); forward must return its finished results, with "
+                               "no work left running.", rule=rules.TIMED_OUTPUT)
+            m = compare_outputs(expected, got, atol, rtol)
+            if m:
+                return Verdict(record.INCORRECT, f"{where} returned a wrong result ({m.message}); every call must "
+                               "compute its output from its own inputs.", rule=rules.TIMED_OUTPUT)
+    return None
+
+
 def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, device: str, target_rel_ci: float,
-                  drift_bound: float, io_bytes: int) -> Verdict:
+                  drift_bound: float, io_bytes: int, vouched: dict[str, Any] | None = None) -> Verdict:
     """Speedups of a correct candidate against the baselines, or the rule its times break."""
     flags: list[str] = []
     compile_note = ""
@@ -171,7 +220,8 @@ def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, devi
         flags.append(record.FLAG_COMPILE_DIFFERS)
     sp = speed.judge(profile.candidate, profile.eager, base.eager, base.compile, device, target_rel_ci, drift_bound,
                      io_bytes=io_bytes, bandwidth_gbps=float(base.extra.get("copy_gbps") or 0.0),
-                     probe_now=profile.probe, probe_base=base.extra.get("probe"))
+                     probe_now=profile.probe, probe_base=base.extra.get("probe"), vouched=vouched,
+                     vouched_base=base.extra.get("vouched"))
     flags += sp.flags
     details = {**correct.details, **sp.details}
     if sp.rejected:
@@ -186,6 +236,27 @@ def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, devi
 def not_profiled(correct: Verdict, why: str) -> Verdict:
     return Verdict(record.OK, f"{correct.message} Not profiled: {why}.", trials_passed=correct.trials_passed,
                    details=correct.details, flags=[record.FLAG_NOT_PROFILED])
+
+
+def _mutated(before: Any, after: Any) -> str:
+    """The first input the call changed (by value, NaN equal to NaN), or ""."""
+    import torch
+
+    from cuda_agent.evaluator.tensors import tensors
+
+    pairs = list(zip(tensors(before, "input"), tensors(after, "input"), strict=False))
+    if len(pairs) != len(list(tensors(before, "input"))):
+        return "(its inputs' structure)"
+    for (path, a), (_, b) in pairs:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return path
+        if a.is_floating_point() or a.is_complex():
+            same = bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+        else:
+            same = bool(torch.equal(a, b))
+        if not same:
+            return path
+    return ""
 
 
 def _load(files: RunLayout, path: Path) -> Any:

@@ -17,8 +17,12 @@ high range; `setpriv` inside bwrap does the switch), the `writable` trees are ch
 that uid for the run and given back afterwards (setuid/setgid bits stripped), and every
 process of that uid is killed at the end. As a non-root caller the limit counts all the
 caller's processes (also across bwrap's user namespace), so it is set to "what the
-caller runs now + max_processes". With `enabled=False` as root, a pids cgroup (v1 or
-v2) holds the tree when one can be created; otherwise there is no process limit.
+caller runs now + max_processes". As root, each run also gets a cgroup of its own (v1 or
+v2, where one can be created): its process limit, whose reach ends the run at once (a
+fork bomb would otherwise hold every core until the time-out; `RunResult.limit`), and
+`SandboxConfig.memory_mb`, enforced by the kernel inside the group only (it counts what
+is used, not what is reserved, so CUDA's address-space reservations are untouched). With
+`enabled=False` as root without such a cgroup there is no process limit.
 
 See README.md beside this file for the details and the caveats.
 """
@@ -26,10 +30,13 @@ See README.md beside this file for the details and the caveats.
 from __future__ import annotations
 
 from cuda_agent.sandbox.config import Deadline, RunResult, SandboxConfig, SandboxUnavailable
+from cuda_agent.sandbox.limits import MEMORY, PROCESSES
 from cuda_agent.sandbox.runner import find_bwrap, run, sandbox_available
 from cuda_agent.sandbox.session import Session
 
 __all__ = [
+    "MEMORY",
+    "PROCESSES",
     "Deadline",
     "RunResult",
     "SandboxConfig",

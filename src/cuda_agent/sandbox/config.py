@@ -34,6 +34,9 @@ class SandboxConfig:
     max_processes: int = 256  # processes + threads of the sandboxed tree
     max_file_size_mb: int = 2048  # RLIMIT_FSIZE
     address_space_mb: int | None = None  # RLIMIT_AS; leave None for CUDA
+    # the run's memory (resident, page cache and tmpfs included) in a cgroup of its own,
+    # where the caller is root and cgroups are writable; CUDA's reservations are not counted
+    memory_mb: int | None = None
     # CUDA: the NVIDIA device minor number (/dev/nvidia{gpu_index}, = nvidia-smi's index
     # on usual systems). Only that node plus nvidiactl/nvidia-uvm/nvidia-uvm-tools are
     # exposed, /sys is bound read-only, and CUDA_VISIBLE_DEVICES names that GPU by UUID
@@ -66,12 +69,17 @@ class RunResult:
     duration_s: float
     signal: int | None  # the signal that ended it (11 for a segfault), else None
     sandboxed: bool
+    limit: str | None = None  # the limit it was stopped at: "memory" or "processes" (see limits)
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
     def describe(self) -> str:
+        if self.limit == "memory":
+            return "was killed at its memory limit"
+        if self.limit == "processes":
+            return "was stopped at its process limit (a fork failed there)"
         if self.timed_out:
             return f"timed out after {self.duration_s:.1f} s"
         if self.signal is not None:

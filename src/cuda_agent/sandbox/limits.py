@@ -1,7 +1,7 @@
 """Process limits and the uid handover: the unprivileged uid a root caller's sandbox runs
 as (and the `setpriv` that switches to it), the trees chowned to it and given back, the
-kill of all its processes, rlimits through prlimit(1), and the pids cgroup that bounds a
-root caller's run without the sandbox."""
+kill of all its processes, rlimits through prlimit(1), and the run's cgroup (a root
+caller's process and memory limits, and whether the run reached them)."""
 
 from __future__ import annotations
 
@@ -219,23 +219,41 @@ def kill_uid(uid: int, deadline_s: float = 3.0) -> None:
         time.sleep(0.01)
 
 
-# --------------------------------------------------------------------------- pids cgroup (root, no sandbox)
+# --------------------------------------------------------------------------- the run's cgroup (root)
+
+PROCESSES = "processes"  # RunResult.limit: the process limit was reached
+MEMORY = "memory"  # RunResult.limit: the kernel killed for the memory limit
 
 
-class PidsCgroup:
+class RunCgroup:
+    """One run's cgroup, where the caller is root and a cgroup file system is writable: a
+    process limit (`pids.max`) whose reach is itself a verdict (`pids.events`: a fork that
+    failed there), and a limit on the run's memory (resident and swap, page cache and
+    tmpfs included), which the kernel enforces by killing inside the group only and
+    counts (`oom_kill`). A memory cgroup limits what is used, not what is reserved, so
+    CUDA's large address-space reservations are untouched (RLIMIT_AS would break them).
+    v1 (one hierarchy per controller) and v2 (one for all)."""
+
     _counter = itertools.count()
 
-    def __init__(self, path: Path, v2: bool) -> None:
-        self.path = path
+    def __init__(self, dirs: dict[str, Path], v2: bool) -> None:
+        self.dirs = dirs  # controller ("pids", "memory") -> its directory
         self.v2 = v2
+        self._forks_failed_at_kill: int | None = None  # (forks refused by our own kill do not count)
 
     @property
-    def procs_file(self) -> str:
-        return str(self.path / "cgroup.procs")
+    def procs_files(self) -> list[str]:
+        return sorted({str(d / "cgroup.procs") for d in self.dirs.values()})
+
+    def join_prefix(self) -> list[str]:
+        """argv prefix that moves the command into the group before it execs (exit 125 if it cannot)."""
+        script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", script, "sh", *self.procs_files, "--"]
 
     @classmethod
-    def create(cls, max_pids: int) -> PidsCgroup | None:
-        if os.geteuid() != 0:
+    def create(cls, max_pids: int | None, memory_bytes: int | None) -> RunCgroup | None:
+        want = {k: v for k, v in (("pids", max_pids), ("memory", memory_bytes)) if v is not None}
+        if os.geteuid() != 0 or not want:
             return None
         try:
             with open("/proc/self/mounts") as f:
@@ -243,63 +261,115 @@ class PidsCgroup:
         except OSError:
             return None
         name = f"cuda-agent-{os.getpid()}-{next(cls._counter)}"
-        for m in mounts:
-            if len(m) < 4:
-                continue
-            mnt, fstype, opts = m[1], m[2], m[3].split(",")
-            parent: Path | None = None
-            if fstype == "cgroup" and "pids" in opts:
-                parent = Path(mnt) / cls._own_v1_path().lstrip("/")
-            elif fstype == "cgroup2" and cls._v2_has_pids(Path(mnt)):
-                parent = Path(mnt)
-            if parent is None:
-                continue
-            path = parent / name
-            try:
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                (path / "pids.max").write_text(str(max(1, max_pids)))
-                return cls(path, fstype == "cgroup2")
-            except OSError:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-        return None
+        group = cls({}, v2=False)
+        for m in mounts:  # v1: a hierarchy per controller
+            if len(m) >= 4 and m[2] == "cgroup":
+                for ctl in set(m[3].split(",")) & set(want) - set(group.dirs):
+                    path = Path(m[1]) / cls._own_v1_path(ctl).lstrip("/") / name
+                    if cls._make(path, ctl, want[ctl], v2=False):
+                        group.dirs[ctl] = path
+        if not group.dirs:
+            for m in mounts:  # v2: one directory for every controller it has
+                if len(m) >= 4 and m[2] == "cgroup2":
+                    ctls = [c for c in want if cls._v2_enable(Path(m[1]), c)]
+                    path = Path(m[1]) / name
+                    if ctls and cls._make(path, ctls[0], want[ctls[0]], v2=True):
+                        group = cls({ctls[0]: path}, v2=True)
+                        for c in ctls[1:]:
+                            if cls._limit(path, c, want[c], v2=True):
+                                group.dirs[c] = path
+                        break
+        return group if group.dirs else None
 
     @staticmethod
-    def _own_v1_path() -> str:
-        with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
-            for line in f:
-                _hid, controllers, path = line.rstrip("\n").split(":", 2)
-                if "pids" in controllers.split(","):
-                    return path
-        return "/"
-
-    @staticmethod
-    def _v2_has_pids(mnt: Path) -> bool:
+    def _make(path: Path, ctl: str, value: int, v2: bool) -> bool:
         try:
-            if "pids" not in (mnt / "cgroup.controllers").read_text().split():
-                return False
-            control = mnt / "cgroup.subtree_control"
-            if "pids" not in control.read_text().split():
-                control.write_text("+pids")
+            path.mkdir()
+        except OSError:
+            return False
+        if RunCgroup._limit(path, ctl, value, v2):
+            return True
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        return False
+
+    @staticmethod
+    def _limit(path: Path, ctl: str, value: int, v2: bool) -> bool:
+        try:
+            if ctl == "pids":
+                (path / "pids.max").write_text(str(max(1, value)))
+            elif v2:
+                (path / "memory.max").write_text(str(value))
+                with contextlib.suppress(OSError):
+                    (path / "memory.swap.max").write_text("0")
+            else:
+                (path / "memory.limit_in_bytes").write_text(str(value))
+                with contextlib.suppress(OSError):  # swap accounting: off for the group
+                    (path / "memory.memsw.limit_in_bytes").write_text(str(value))
             return True
         except OSError:
             return False
 
-    def pids(self) -> list[int]:
+    @staticmethod
+    def _own_v1_path(controller: str) -> str:
+        with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+            for line in f:
+                _hid, controllers, path = line.rstrip("\n").split(":", 2)
+                if controller in controllers.split(","):
+                    return path
+        return "/"
+
+    @staticmethod
+    def _v2_enable(mnt: Path, controller: str) -> bool:
         try:
-            return [int(x) for x in Path(self.procs_file).read_text().split()]
-        except (OSError, ValueError):
-            return []
+            if controller not in (mnt / "cgroup.controllers").read_text().split():
+                return False
+            control = mnt / "cgroup.subtree_control"
+            if controller not in control.read_text().split():
+                control.write_text(f"+{controller}")
+            return True
+        except OSError:
+            return False
+
+    def _count(self, ctl: str, file: str, key: str) -> int:
+        d = self.dirs.get(ctl)
+        if d is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError):
+            for line in (d / file).read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == key:
+                    return int(parts[1])
+        return 0
+
+    def limit_hit(self) -> str | None:
+        """Which limit the run reached: MEMORY (the kernel killed in the group for it),
+        PROCESSES (a fork failed at the group's process limit), or None."""
+        if self._count("memory", "memory.events" if self.v2 else "memory.oom_control", "oom_kill"):
+            return MEMORY
+        failed = self._count("pids", "pids.events", "max")
+        if self._forks_failed_at_kill is not None:
+            failed = min(failed, self._forks_failed_at_kill)
+        return PROCESSES if failed else None
+
+    def pids(self) -> list[int]:
+        found: set[int] = set()
+        for f in self.procs_files:
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(x) for x in Path(f).read_text().split())
+        return sorted(found)
 
     def kill(self, deadline_s: float = 3.0) -> None:
-        with contextlib.suppress(OSError):
-            (self.path / "pids.max").write_text("0")  # no new forks while we kill
-        if self.v2 and (self.path / "cgroup.kill").exists():
+        if self._forks_failed_at_kill is None:
+            self._forks_failed_at_kill = self._count("pids", "pids.events", "max")
+        if "pids" in self.dirs:
             with contextlib.suppress(OSError):
-                (self.path / "cgroup.kill").write_text("1")
+                (self.dirs["pids"] / "pids.max").write_text("0")  # no new forks while we kill
+        if self.v2:
+            for d in set(self.dirs.values()):
+                if (d / "cgroup.kill").exists():
+                    with contextlib.suppress(OSError):
+                        (d / "cgroup.kill").write_text("1")
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             pids = self.pids()
@@ -311,12 +381,14 @@ class PidsCgroup:
             time.sleep(0.01)
 
     def remove(self) -> None:
-        for _ in range(100):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.01)
-        log.warning("could not remove cgroup %s", self.path)
+        for d in set(self.dirs.values()):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+            else:
+                log.warning("could not remove cgroup %s", d)

@@ -28,10 +28,11 @@ from cuda_agent.sandbox.bwrap import (
     is_under,
     python_paths,
 )
-from cuda_agent.sandbox.config import Deadline, RunResult, SandboxConfig, SandboxUnavailable
+from cuda_agent.sandbox.config import MIB, Deadline, RunResult, SandboxConfig, SandboxUnavailable
 from cuda_agent.sandbox.limits import (
+    PROCESSES,
     Ownership,
-    PidsCgroup,
+    RunCgroup,
     allocate_uid,
     count_user_tasks,
     dropper_prefix,
@@ -45,6 +46,7 @@ log = logging.getLogger(__package__)
 
 _DRAIN_GRACE_S = 1.0  # how long to keep reading pipes after the command ended
 _READ_CHUNK = 1 << 16
+_WATCH_S = 0.2  # how often a run with a pids cgroup is checked for a refused fork
 
 
 # --------------------------------------------------------------------------- output capture
@@ -114,12 +116,13 @@ class Launch:
         self.preexec: Callable[[], None] | None = None
         self.uid: int | None = None
         self.ownership: Ownership | None = None
-        self.cgroup: PidsCgroup | None = None
+        self.cgroup: RunCgroup | None = None
         self.private_dir: str | None = None
         self.info_r: int | None = None
         self.info_w: int | None = None
         self._info = b""
         self._child: int | None = None
+        self.limit: str | None = None  # the limit the run was stopped at (RunResult.limit)
 
     @classmethod
     @contextlib.contextmanager
@@ -162,12 +165,18 @@ class Launch:
                 raise ValueError(f"readonly path {src} does not exist")
             ro.append((src, dst))
         root = os.geteuid() == 0
+        if root:
+            # the run's own cgroup: its process limit (reaching it ends the run) and memory
+            memory = config.memory_mb * MIB if config.memory_mb is not None else None
+            self.cgroup = RunCgroup.create(config.max_processes, memory)
 
         if bwrap is not None:
             assert features is not None
             home = tmp = "/tmp"
             if root:
-                nproc: int | None = config.max_processes
+                # with a pids cgroup, it is the limit that bites (and says so); the uid's
+                # rlimit stays as a second line
+                nproc: int | None = config.max_processes + (16 if self.cgroup and "pids" in self.cgroup.dirs else 0)
             else:
                 nproc = count_user_tasks(os.getuid()) + config.max_processes
         else:
@@ -180,15 +189,12 @@ class Launch:
         if prefix is None:
             prefix, self.preexec = [], limits_preexec(limits)
 
+        if root and (self.cgroup is None or "pids" not in self.cgroup.dirs) and bwrap is None:
+            log.warning("--no-sandbox as root without a pids cgroup: no process limit")
+        if self.cgroup is not None:
+            prefix = self.cgroup.join_prefix() + prefix
         if bwrap is None:
             self.popen_cwd = str(cwd)
-            if root:
-                self.cgroup = PidsCgroup.create(config.max_processes)
-                if self.cgroup is None:
-                    log.warning("--no-sandbox as root without a pids cgroup: no process limit")
-            if self.cgroup is not None:
-                join = ['/bin/sh', '-c', 'echo $$ > "$0" || exit 125; exec "$@"', self.cgroup.procs_file]
-                prefix = join + prefix
             self.argv = prefix + argv
             return
 
@@ -261,6 +267,8 @@ class Launch:
         try:
             timed_out = self._pump(proc, stdin, out, err, deadline, moving)
         finally:
+            if self.cgroup is not None:  # (before the kill, whose refused forks are ours)
+                self.limit = self.limit or self.cgroup.limit_hit()
             self.kill_tree(proc)
             try:
                 rc: int | None = proc.wait(timeout=30)
@@ -271,9 +279,11 @@ class Launch:
             returncode, sig = None, None
         else:
             returncode, sig = _decode_status(rc, self.sandboxed)
+        if self.limit is not None:
+            timed_out = False  # stopped at a limit, not by the clock (kill-on-limit ends it early)
         return RunResult(returncode=returncode, stdout=out.text(), stderr=err.text(),
                          timed_out=timed_out, duration_s=duration, signal=sig,
-                         sandboxed=self.sandboxed)
+                         sandboxed=self.sandboxed, limit=self.limit)
 
     def _pump(self, proc: subprocess.Popen[bytes], stdin: bytes | None, out: Capture,
               err: Capture, deadline_at: Deadline, moving: bool = False) -> bool:
@@ -297,10 +307,21 @@ class Launch:
             timed_out = False
             ended_at: float | None = None
             deadline = deadline_at.at
+            watch = self.cgroup is not None and "pids" in self.cgroup.dirs
+            next_watch = 0.0
             while True:
                 now = time.monotonic()
                 if moving and not timed_out:
                     deadline = deadline_at.at
+                if watch and ended_at is None and now >= next_watch:
+                    # a fork refused at the process limit: a fork bomb, stopped now rather
+                    # than at the time-out (it would hold every core until then)
+                    next_watch = now + _WATCH_S
+                    assert self.cgroup is not None
+                    if self.cgroup.limit_hit() == PROCESSES:
+                        self.limit = PROCESSES
+                        self.kill_tree(proc)
+                        ended_at = now
                 if ended_at is None and self.exited(proc):
                     ended_at = now
                     self.kill_tree(proc)  # nothing may outlive the command
@@ -319,6 +340,8 @@ class Launch:
                     wait = min(wait, 0.05)
                 if moving and ended_at is None:
                     wait = min(wait, Deadline.POLL_S)
+                if watch and ended_at is None:
+                    wait = min(wait, _WATCH_S)
                 for key, _ev in sel.select(timeout=max(0.0, min(wait, 3600.0))):
                     if key.data == "exit":
                         sel.unregister(key.fd)
