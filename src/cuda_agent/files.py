@@ -54,22 +54,55 @@ class LinkOutside(OSError):
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_inside(root: Path, path: Path) -> BinaryIO:
-    """Open `path`, a file below `root`, for reading without following a symbolic link
-    anywhere below `root`: each folder is opened relative to the last with O_NOFOLLOW,
-    and the file must be a regular file (a FIFO or device could hang or leak). For files
-    in trees an untrusted process could write (a run directory, a solution, a workspace),
-    read by a process with more rights than the writer. `root` itself is trusted."""
+def _below(root: Path, path: Path) -> Path:
+    """`path` relative to `root`; LinkOutside when it is not a file below it."""
     try:
         rel = Path(os.path.normpath(path)).relative_to(os.path.normpath(root))
     except ValueError:
         rel = Path()
     if not rel.parts:
         raise LinkOutside(f"{path} is not a file below {root}")
+    return rel
+
+
+def _open_at(fd: int, rel: Path, flags: int, mode: int = 0o644) -> int:
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for the other end
+        return os.open(rel.parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkOutside(f"{rel} is a symbolic link") from None
+        raise
+    finally:
+        os.close(fd)
+
+
+def open_inside(root: Path, path: Path) -> BinaryIO:
+    """Open `path`, a file below `root`, for reading without following a symbolic link
+    anywhere below `root`: each folder is opened relative to the last with O_NOFOLLOW,
+    and the file must be a regular file (a FIFO or device could hang or leak). For files
+    in trees an untrusted process could write (a run directory, a solution, a workspace),
+    read by a process with more rights than the writer. `root` itself is trusted."""
+    rel = _below(root, path)
+    ffd = _open_at(_dir_inside(root, rel.parent, create=False), rel, os.O_RDONLY)
+    if not stat.S_ISREG(os.fstat(ffd).st_mode):
+        os.close(ffd)
+        raise LinkOutside(f"{rel} is not a regular file")
+    return os.fdopen(ffd, "rb")
+
+
+def _dir_inside(root: Path, rel: Path, create: bool) -> int:
+    """An fd of folder `rel` below `root`, each part opened with O_NOFOLLOW (made, with
+    `create`, where missing)."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for part in rel.parts[:-1]:
+        for part in rel.parts:
             try:
+                sub = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
                 sub = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -77,19 +110,22 @@ def open_inside(root: Path, path: Path) -> BinaryIO:
                 raise
             os.close(fd)
             fd = sub
-        try:
-            # O_NONBLOCK: opening a FIFO must not wait for a writer
-            ffd = os.open(rel.parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise LinkOutside(f"{rel} is a symbolic link") from None
-            raise
-    finally:
+        return fd
+    except BaseException:
         os.close(fd)
-    if not stat.S_ISREG(os.fstat(ffd).st_mode):
-        os.close(ffd)
-        raise LinkOutside(f"{rel} is not a regular file")
-    return os.fdopen(ffd, "rb")
+        raise
+
+
+def write_inside(root: Path, path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` below `root` (folders made as needed) without following a
+    symbolic link anywhere below `root`: for a process with more rights than the one that
+    shapes the tree (the agent's tools, writing into the agent's workspace)."""
+    rel = _below(root, path)
+    ffd = _open_at(_dir_inside(root, rel.parent, create=True), rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(ffd, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise LinkOutside(f"{rel} is not a regular file")
+        fh.write(data)
 
 
 def read_inside(root: Path, path: Path, max_bytes: int | None = None) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,31 @@ def test_locked_files_network_and_outside_paths_are_refused(tools: Tools) -> Non
     call(tools, "bash", command="ln -s /etc/passwd escape")
     assert "outside the workspace" in call(tools, "read_file", path="escape").output
     assert "outside the workspace" in call(tools, "write_file", path="../x.txt", content="x").output
+
+
+SECRET = "ROOT-ONLY-5b1e"
+
+
+def test_the_file_tools_never_follow_a_link_even_one_made_after_their_check(
+        tools: Tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path checks see the tree as it was; the agent's shell (a background job, say)
+    can swap a file or a folder for a link before the tool opens it. Nothing behind the
+    link is read, quoted or written."""
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "s.txt").write_text(SECRET)
+    monkeypatch.setattr(os.path, "realpath", os.path.normpath)  # the check before the swap
+    call(tools, "bash", command=f"ln -s {secret}/s.txt kernels/k.cu; ln -s {secret} kernels/sub")
+    for name, args in [("read_file", {"path": "kernels/k.cu"}), ("grep", {"pattern": "ROOT"}),
+                       ("grep", {"pattern": "ROOT", "path": "kernels/sub"}),
+                       ("edit_file", {"path": "kernels/k.cu", "old_string": "ROOT", "new_string": "X"}),
+                       ("write_file", {"path": "kernels/k.cu", "content": "x"}),
+                       ("write_file", {"path": "kernels/sub/new.cu", "content": "x"})]:
+        r = call(tools, name, **args)
+        assert SECRET not in r.output, (name, r.output)
+        assert not r.ok or name == "grep", (name, r.output)
+    assert "symbolic link" in call(tools, "read_file", path="kernels/k.cu").output
+    assert (secret / "s.txt").read_text() == SECRET and sorted(os.listdir(secret)) == ["s.txt"]
 
 
 def test_file_tools(tools: Tools) -> None:

@@ -150,7 +150,7 @@ def test_batch_size_is_calibrated_into_the_runtime_range(tmp_path: Path) -> None
     row = run_one(tmp_path / "a", SIZED, compile_filter=False, min_ms=0.3, max_ms=30.0)
     assert row["accepted"], row.get("why")
     cal = row["filters"]["calibrate"]
-    assert cal["var"] == "batch_size" and cal["from"] == 4 and cal["to"] > 64
+    assert cal["var"] == "batch_size" and cal["from"] == 4 and cal["to"] >= 32, cal  # (how far: the machine's speed)
     assert f"batch_size = {cal['to']}\n" in row["code"] and 0.3 <= row["eager_ms"] <= 30.0
     assert row["task_id"] == task_from_code(row["code"], name="t").id
     assert import_task_module(task_from_code(row["code"], name="t")).get_inputs()[0].shape[0] == cal["to"]

@@ -761,6 +761,8 @@ REGISTER_BINDING(op, op);
         ("pthread_create(nullptr, nullptr, nullptr, nullptr);", rules.THREADS, "pthread_create"),
         ("if (fork() == 0) return out;", rules.THREADS, "fork"),
         ("at::launch([] {});", rules.THREADS, "at::launch"),
+        ("out = mm(a, b);", rules.TORCH_COMPUTE, "`mm(...)` unqualified"),  # argument-dependent lookup
+        ("out = softmax(a, 1);", rules.TORCH_COMPUTE, "at::softmax"),
         ('system("ls");', rules.INTROSPECTION, "system"),
         ('FILE* f = fopen("x", "r");', rules.INTROSPECTION, "fopen"),
         ('std::ifstream in("ref.bin");', rules.INTROSPECTION, "std::ifstream"),
@@ -779,6 +781,18 @@ def test_cpp_rule_breaks_are_named_with_their_line(body: str, rule: str, fragmen
     assert all(v.line == 6 for v in hits), hits
     assert any(fragment in v.message for v in hits), hits
     assert all(v.file == "kernels/op_binding.cpp" for v in violations)
+
+
+def test_bare_threads_after_using_namespace_std_and_own_functions_of_aten_names() -> None:
+    src = ("#include <thread>\n#include <torch/types.h>\nusing namespace std;\n"
+           "void go() {\n  thread t([] {});\n  t.detach();\n  int threads = 4; (void)threads;\n}\n")
+    hits = [v for v in check_cpp_source(src, filename="kernels/k.cpp", device="cpu") if v.rule == rules.THREADS]
+    assert [v.line for v in hits] == [5] and "std::thread" in hits[0].message
+    # a solution's own `relu`, declared in a header of a subfolder, is not ATen's
+    files = {"model_new.py": "import cuda_extension\n", "kernels/util/act.h": "__device__ float relu(float x);\n",
+             "kernels/k.cu": ('#include <torch/types.h>\n#include "util/act.h"\n'
+                              "__global__ void k(float* p) { p[0] = relu(p[0]); }\n")}
+    assert not [v for v in check_solution(files, device="cuda", single_file=False) if v.rule == rules.TORCH_COMPUTE]
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,10 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from cuda_agent.agent.shell import ShellSession
+from cuda_agent.files import LinkOutside, open_inside, write_inside
 from cuda_agent.workspace import LOCKED
 
 MAX_OUTPUT_CHARS = 20_000
@@ -196,13 +197,31 @@ class Tools:
                           meta={"exit_code": out.exit_code, "timed_out": out.timed_out,
                                 "seconds": round(out.seconds, 3)})
 
+    def _open(self, raw: Any, p: Path) -> BinaryIO:
+        """`p` (a checked path) opened for reading without following a link, whatever
+        the tree became since the check (the agent's shell can change it meanwhile)."""
+        if p.is_dir():
+            raise ToolError(f"{raw} is a folder")
+        try:
+            return open_inside(self.root, p)
+        except FileNotFoundError:
+            raise ToolError(f"{raw} does not exist") from None
+        except LinkOutside as exc:
+            raise ToolError(f"{raw}: {exc}; the tools do not follow symbolic links") from None
+
+    def _write(self, raw: Any, p: Path, text: str) -> None:
+        try:
+            write_inside(self.root, p, text.encode())
+        except LinkOutside as exc:
+            raise ToolError(f"{raw}: {exc}; the tools do not follow symbolic links") from None
+
     async def read_file(self, args: dict[str, Any]) -> ToolResult:
         p = self._path(args["path"])
-        if not p.is_file():
-            raise ToolError(f"{args['path']} does not exist" if not p.exists() else f"{args['path']} is a folder")
-        if p.stat().st_size > MAX_FILE_BYTES and "offset" not in args:
-            raise ToolError(f"{args['path']} is {p.stat().st_size} bytes; read it in parts with offset and limit")
-        data = p.read_bytes()
+        with self._open(args["path"], p) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_FILE_BYTES and "offset" not in args:
+                raise ToolError(f"{args['path']} is {size} bytes; read it in parts with offset and limit")
+            data = fh.read()
         if b"\0" in data[:8192]:
             raise ToolError(f"{args['path']} is a binary file")
         lines = data.decode(errors="replace").splitlines()
@@ -226,15 +245,14 @@ class Tools:
         if p.is_dir():
             raise ToolError(f"{args['path']} is a folder")
         existed = p.exists()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
+        self._write(args["path"], p, content)
         self._own(p)
         n = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
         return ToolResult(f"{'Overwrote' if existed else 'Created'} {self._rel(p)} ({n} lines)")
 
     async def edit_file(self, args: dict[str, Any]) -> ToolResult:
         p = self._path(args["path"], for_write=True)
-        if not p.is_file():
+        if not p.exists() and not p.is_symlink():
             raise ToolError(f"{args['path']} does not exist; create it with write_file")
         edits = args.get("edits")
         if edits is None:
@@ -244,7 +262,8 @@ class Tools:
                       "replace_all": bool(args.get("replace_all"))}]
         elif not isinstance(edits, list) or not edits:
             raise ToolError("edits must be a non-empty list")
-        text = p.read_text()
+        with self._open(args["path"], p) as fh:
+            text = fh.read().decode()
         total = 0
         for k, e in enumerate(edits, 1):
             if not isinstance(e, dict) or not isinstance(e.get("old_string"), str) or \
@@ -264,7 +283,7 @@ class Tools:
                                 "it unique or set replace_all (no change made)")
             text = text.replace(old, new) if e.get("replace_all") else text.replace(old, new, 1)
             total += count if e.get("replace_all") else 1
-        p.write_text(text)
+        self._write(args["path"], p, text)
         self._own(p)
         return ToolResult(f"Edited {self._rel(p)}: {total} replacement(s)")
 
@@ -304,10 +323,11 @@ class Tools:
             if only and not fnmatch.fnmatch(f.name, only):
                 continue
             try:
-                if f.is_symlink() or f.stat().st_size > MAX_FILE_BYTES:
-                    continue
-                data = f.read_bytes()
-            except OSError:
+                with open_inside(self.root, f) as fh:
+                    if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
+                        continue
+                    data = fh.read()
+            except OSError:  # a link, a FIFO, gone: not searched
                 continue
             if b"\0" in data[:8192]:
                 continue

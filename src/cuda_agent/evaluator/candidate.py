@@ -124,8 +124,11 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
 
         # timing binds its clocks here, before any candidate code
         from cuda_agent.evaluator import guards, rules, timing, vouch
+        from cuda_agent.evaluator.op_watch import Watch
         from cuda_agent.evaluator.tensors import describe, seed_all, tensors, to_device, tree_map
 
+        watch = Watch(spec.watch_so)  # every ATen op from here on, on any thread (see op_watch)
+        report.watch = watch.phases
         device = torch.device("cuda" if spec.device == "cuda" else "cpu")
         if device.type == "cuda":
             torch.cuda.init()
@@ -143,10 +146,12 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         _progress("load extension")
         for ext in spec.extensions:
             try:
-                modules.append(_load_extension(ext.name, ext.so_path))
+                with watch.candidate():
+                    modules.append(_load_extension(ext.name, ext.so_path))
             except Exception as exc:
                 return finish(error=P.ERROR_RUNTIME, phase="load extension",
                               message=f"the built extension {ext.name} failed to load: {type(exc).__name__}: {exc}")
+        watch.close("loading the extension")
         if spec.format == "single_file":
             import torch.utils.cpp_extension as ce
 
@@ -163,11 +168,13 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         _progress("import model_new.py")
         sys.path.insert(0, str(run.run))
         try:
-            import model_new  # type: ignore[import-not-found]
+            with watch.candidate():
+                import model_new  # type: ignore[import-not-found]
         except BaseException as exc:
             return finish(error=P.ERROR_RUNTIME, phase="import model_new.py",
                           message=f"model_new.py failed to import: {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc(limit=6)[-3000:])
+        watch.close("import of model_new.py")
         ModelNew = getattr(model_new, "ModelNew", None)
         if not isinstance(ModelNew, type) or not issubclass(ModelNew, torch.nn.Module):
             return finish(error=P.ERROR_REJECTED, rule=rules.MISSING_MODELNEW,
@@ -182,7 +189,8 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         init_inputs = torch.load(run.init_inputs, weights_only=True)
         seed_all(spec.init_seed)
         try:
-            model = ModelNew(*init_inputs).eval().to(device)
+            with watch.candidate():
+                model = ModelNew(*init_inputs).eval().to(device)
         except BaseException as exc:
             return finish(error=P.ERROR_RUNTIME, phase="ModelNew.__init__",
                           message=f"ModelNew(*get_init_inputs()) raised {type(exc).__name__}: {exc}",
@@ -193,7 +201,10 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             return finish(error=P.ERROR_INCORRECT, rule=rules.PARAMETERS,
                           message="ModelNew's parameters do not match Model's state_dict (" + mismatch
                           + "). Keep the same parameters and buffers, with the same names and shapes.")
-        model.load_state_dict(state, strict=True)
+        with watch.candidate():
+            model.load_state_dict(state, strict=True)
+        watch.close("__init__")
+        call = watch.wrap(model)  # the candidate's calls, from here on
 
         for k in range(spec.trials):
             _progress("trial", trial=k + 1)
@@ -207,9 +218,9 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             t0 = time.perf_counter()
             try:
                 if device.type == "cuda" and k == 0:
-                    result, trial.streams = _forward_watching_streams(model, inputs, g, modules)
+                    result, trial.streams = _forward_watching_streams(call, inputs, g, modules)
                 else:
-                    result = guards.call_guarded(model, inputs, g, modules)
+                    result = guards.call_guarded(call, inputs, g, modules)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
             except BaseException as exc:
@@ -239,6 +250,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
                                f"kernels ran on a stream other than the current one "
                                f"({', '.join(trial.streams['foreign'][:3])}); launch all work on "
                                "c10::cuda::getCurrentCUDAStream() so callers can wait for it."]
+            watch.close(f"trial {k + 1}")
             if trial.guard or trial.aliases or not trial.exact_types or g.extension_calls == 0:
                 return finish(error=P.ERROR_CHECKS)
             del result, inputs
@@ -258,7 +270,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             eager.load_state_dict(torch.load(run.state_dict, weights_only=True), strict=True)
             sets = [to_device(torch.load(run.inputs(k), weights_only=True), device) for k in range(spec.trials)]
             spent: dict[str, float] = {}
-            res = timing.measure({"candidate": model, "eager": eager}, sets, device.type,
+            res = timing.measure({"candidate": call, "eager": eager}, sets, device.type,
                                  timing.Protocol(**spec.profile.protocol), keep_outputs=["candidate"],
                                  spent_s=spent, probe=True, loose=["eager"])
             for k, o in res["candidate"].outputs.items():
@@ -268,6 +280,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
                 candidate=summaries["candidate"], eager=summaries["eager"], probe=summaries.get(timing.PROBE),
                 timed_outputs=sorted(res["candidate"].outputs), threads=torch.get_num_threads(),
                 seconds=time.perf_counter() - t_p, measure_s=spent)
+            watch.close("timing")
             report.write(run.candidate_report)
             del res, eager
             # The batches the parent times itself (see `vouch`): until it says "end".
@@ -276,8 +289,9 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             def save(b: int, i: int, out: Any) -> None:
                 torch.save(tree_map(out, lambda t: t.detach().to("cpu").clone()), run.vouched_output(b, i))
 
-            report.vouch_end = vouch.Serve(run.cmd, run.reply).run(model, sets, device, save,
+            report.vouch_end = vouch.Serve(run.cmd, run.reply).run(call, sets, device, save,
                                                                    spec.profile.gate_timeout_s)
+            watch.close("vouched batches")
         return finish(ok=True)
     except BaseException as exc:
         return finish(error=P.ERROR_RUNTIME, phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],

@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent import sandbox
-from cuda_agent.evaluator import baselines, processes, protocol, record, verdict, vouch, warm
+from cuda_agent.evaluator import (
+    baselines,
+    op_watch,
+    processes,
+    protocol,
+    record,
+    verdict,
+    vouch,
+    warm,
+)
 from cuda_agent.evaluator.baseline_measure import BaselineRun, baseline_key
 from cuda_agent.evaluator.options import EvalOptions, resolve_device
 from cuda_agent.evaluator.protocol import CandidateReport, CandidateSpec, ProfileSpec, RunLayout
@@ -210,6 +219,14 @@ class Evaluation:
             except OSError:
                 shutil.copy2(src, dst)
             placed.append(protocol.Extension(name=ext.name, so_path=str(dst)))
+        watch_so = ""
+        built_watch = op_watch.ensure_built(self.device)
+        if built_watch is not None:
+            dst = f.cin / "watch" / built_watch.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(dst.parent, 0o755)
+            shutil.copy2(built_watch, dst)
+            watch_so = str(dst)
         profile = None
         if self.opts.profile:
             f.candidate_task_code.write_text(self.task.code)
@@ -218,7 +235,7 @@ class Evaluation:
                                   gate_timeout_s=self.opts.run_timeout_s)
         CandidateSpec(work=str(f.work), device=self.device, trials=self.opts.trials, init_seed=self.init_seed,
                       format=self.solution.format, extensions=placed, threads=self.threads,
-                      profile=profile).write(f.candidate_spec)
+                      profile=profile, watch_so=watch_so).write(f.candidate_spec)
         timeout = self.opts.run_timeout_s * (2 if self.gated else 1)
         t0 = time.perf_counter()
         ended = threading.Event()
@@ -428,6 +445,8 @@ class Evaluation:
             if v.correct and self.opts.profile:
                 v = self.judge_speed(v, report)
                 self.mark("speed judged")
+            if v.status in (record.OK, record.INCORRECT) and report is not None:
+                v = verdict.watch_verdict(report.watch, v)
             v.details.setdefault("build_cached", built.cached)
             v.details.setdefault("rebuilt", built.rebuilt)
             for k, value in self.details.items():

@@ -15,7 +15,7 @@ the table says:
       init_inputs.pt, state_dict.pt, inputs_K.pt, and then `ready` (or `failed`)
     cin/              written by the parent, read by the candidate
       candidate_spec.json  CandidateSpec             task_model.py    the task's code
-      ext/K/NAME.so        the built extensions
+      ext/K/NAME.so        the built extensions      watch/         the op watch (op_watch)
     run/              candidate's cwd: the solution's files
       out/            progress.json (Progress), report.json (CandidateReport),
                       out_K.pt (trial K's outputs), after_K.pt (trial K's inputs after
@@ -329,6 +329,7 @@ class CandidateSpec(Record):
     extensions: list[Extension]
     threads: int
     profile: ProfileSpec | None = None  # time it after the trials (the task's Model beside it)
+    watch_so: str = ""  # the op watch's extension (see op_watch); "" runs without it
 
 
 @dataclass
@@ -388,6 +389,7 @@ class CandidateReport(Record):
     profile: ProfileReport | None = None
     profile_skipped: bool = False
     vouch_end: str = ""  # how the vouched batches ended, as the candidate saw it
+    watch: dict[str, Any] = field(default_factory=dict)  # op_watch: phase -> thread -> operator -> calls
     phases_s: dict[str, float] = field(default_factory=dict)
 
 

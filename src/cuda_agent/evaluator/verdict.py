@@ -207,6 +207,18 @@ def vouched_verdict(run: VouchedRun | None, files: RunLayout, atol: float, rtol:
     return None
 
 
+def watch_verdict(phases: dict[str, Any], v: Verdict) -> Verdict:
+    """The op watch's counts (`op_watch`): torch compute anywhere in the candidate's
+    process rejects, whatever the outputs and times were."""
+    from cuda_agent.evaluator.op_watch import judge
+
+    broken = judge(phases)
+    if broken is None:
+        return v
+    return Verdict(record.REJECTED, broken[1], rule=rules.TORCH_COMPUTE, trials_passed=v.trials_passed,
+                   details={**v.details, "watch": phases})
+
+
 def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, device: str, target_rel_ci: float,
                   drift_bound: float, io_bytes: int, vouched: dict[str, Any] | None = None) -> Verdict:
     """Speedups of a correct candidate against the baselines, or the rule its times break."""

@@ -14,7 +14,7 @@ from collections.abc import Collection
 
 from cuda_agent.evaluator import rules
 from cuda_agent.evaluator.static_checks.violation import Violation, dedupe
-from cuda_agent.evaluator.static_checks.vocabulary import CPP_COMPUTE_METHODS
+from cuda_agent.evaluator.static_checks.vocabulary import ADL_COMPUTE, CPP_COMPUTE_METHODS
 
 DEVICES = ("cuda", "cpu")
 
@@ -45,7 +45,7 @@ def _keep_literal(seg: str, quote: str, no_comments: list[str], code: list[str])
     code.append(quote + _blank(seg[1:-1]) + quote if len(seg) >= 2 else _blank(seg))
 
 
-def _strip_cpp(src: str) -> tuple[str, str]:
+def strip_cpp(src: str) -> tuple[str, str]:
     """(source without comments, source without comments and string/char literals).
 
     Removed text is replaced by spaces so offsets and line numbers stay valid.
@@ -222,6 +222,12 @@ _TAMPER_RES = (
         "runs Python from C++; the extension must compute in C++/CUDA only.",
     ),
     (
+        re.compile(r"\b(?:enableRecordFunction|RecordFunctionGuard|DisableRecordFunctionGuard|removeCallback|"
+                   r"clearCallbacks|clearGlobalCallbacks|clearThreadLocalCallbacks|addGlobalCallback|"
+                   r"addThreadLocalCallback)\b"),
+        "switches PyTorch's operator observers, which the evaluator's watch relies on; leave them alone.",
+    ),
+    (
         re.compile(r"\b(?:dlopen|dlsym)\s*\("),
         "loads shared libraries at run time; use only the toolkit libraries linked by the build.",
     ),
@@ -242,6 +248,25 @@ _LIBRARY_CALL_RE = re.compile(
     r"nccl|npp|curandCreate|curandGenerate)\w*)\s*\("
 )
 _TORCH_USE_RE = re.compile(r"\bTensor\b|\btorch\s*::|\bat\s*::")
+# `using namespace std;` (or `using std::thread;`) then a bare thread: the same as std::thread
+_USING_STD_RE = re.compile(r"\busing\s+(?:namespace\s+std\b|std\s*::\s*(?:thread|jthread|async)\b)")
+_BARE_THREAD_RE = re.compile(r"(?<![\w.:>])(thread|jthread)\s*(?:\w+\s*)?[({]|(?<![\w.:>])(async)\s*\(")
+_BARE_CALL_RE = re.compile(r"(?<![\w.:>~])([A-Za-z_]\w*)\s*(?:<[^;{}()<>]*>)?\s*\(")
+# a declaration or definition of a function: a type (word, pointer, reference, template
+# close) before the name, not a keyword that precedes a call
+_DECL_RE = re.compile(r"([\w>*&])\s+[*&]*\s*([A-Za-z_]\w*)\s*\(")
+_CALL_KEYWORDS = frozenset("return else case new delete throw co_return co_yield sizeof typeid do".split())
+
+
+def declared_functions(code: str) -> set[str]:
+    """Names a C++ source (comments and literals blanked) declares or defines as functions."""
+    out = set()
+    for m in _DECL_RE.finditer(code):
+        before = code[: m.start(1) + 1]
+        word = re.search(r"\w+$", before)
+        if word is None or word.group(0) not in _CALL_KEYWORDS:
+            out.add(m.group(2))
+    return out
 
 
 def _classify_cpp_name(parts: list[str]) -> tuple[str, str] | None:
@@ -283,15 +308,18 @@ def check_cpp_source(
     device: str,
     single_file: bool = False,
     known_files: Collection[str] | None = None,
+    declared: Collection[str] = (),
 ) -> list[Violation]:
     """Check one C++/CUDA source.
 
     ``single_file`` marks load_inline sources (where the extension's own
     ``PYBIND11_MODULE`` is legitimate); ``known_files`` lists the solution's paths so that
-    quoted includes can be resolved (None: accept any relative quoted include).
+    quoted includes can be resolved (None: accept any relative quoted include);
+    ``declared`` names functions the solution's other sources declare (an unqualified call
+    of one of them is the solution's own function, not an ATen op found by lookup).
     """
     check_device(device)
-    no_comments, code = _strip_cpp(source)
+    no_comments, code = strip_cpp(source)
     starts = [0] + [m.end() for m in re.finditer("\n", source)]
 
     def line_of(offset: int) -> int:
@@ -344,6 +372,27 @@ def check_cpp_source(
                     f"`.{method}(...)` calls the ATen tensor op {method}; compute it in your "
                     "own kernel instead.",
                 )
+    if uses_torch:
+        own = set(declared) | declared_functions(code)
+        for m in _BARE_CALL_RE.finditer(code):
+            name = m.group(1)
+            if name in ADL_COMPUTE and name not in own:
+                add(
+                    rules.TORCH_COMPUTE,
+                    m.start(1),
+                    f"`{name}(...)` unqualified: on tensors, argument-dependent lookup makes it the "
+                    f"ATen op at::{name}; compute it in your own kernel (or name your own function "
+                    "differently).",
+                )
+    if _USING_STD_RE.search(code):
+        for m in _BARE_THREAD_RE.finditer(code):
+            name = m.group(1) or m.group(2)
+            add(
+                rules.THREADS,
+                m.start(),
+                f"`{name}` with `using namespace std` is std::{name}: it starts threads; use CUDA "
+                "parallelism (or OpenMP on the CPU) instead.",
+            )
     for rx in _THREAD_RES:
         for m in rx.finditer(code):
             add(

@@ -7,7 +7,12 @@ from collections.abc import Iterator, Mapping
 
 from cuda_agent.evaluator import rules
 from cuda_agent.evaluator.solution import CPP_SUFFIXES
-from cuda_agent.evaluator.static_checks.cpp_rules import check_cpp_source, check_device
+from cuda_agent.evaluator.static_checks.cpp_rules import (
+    check_cpp_source,
+    check_device,
+    declared_functions,
+    strip_cpp,
+)
 from cuda_agent.evaluator.static_checks.inline_sources import extract_inline_sources
 from cuda_agent.evaluator.static_checks.python_rules import check_model_new
 from cuda_agent.evaluator.static_checks.violation import Violation, dedupe
@@ -45,6 +50,10 @@ def check_solution(files: Mapping[str, str], *, device: str, single_file: bool) 
                 "the solution has no model_new.py; write model_new.py defining class ModelNew.",
             )
         )
+    declared: set[str] = set()  # functions the solution's C++ sources declare, in any file
+    for path, text in normalised.items():
+        if path.lower().endswith(CPP_SUFFIXES):
+            declared |= declared_functions(strip_cpp(text)[1])
     for path in sorted(normalised, key=lambda p: (p != MODEL_NEW, p)):
         text = normalised[path]
         lower = path.lower()
@@ -70,5 +79,6 @@ def check_solution(files: Mapping[str, str], *, device: str, single_file: bool) 
                 device=device,
                 single_file=single_file,
                 known_files=known,
+                declared=declared,
             )
     return out

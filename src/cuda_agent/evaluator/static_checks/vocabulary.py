@@ -43,6 +43,19 @@ COMPUTE_METHODS: frozenset[str] = frozenset(
 # C++ members that also exist outside ATen (cooperative_groups tiles have .all/.any).
 CPP_COMPUTE_METHODS: frozenset[str] = COMPUTE_METHODS - {"all", "any"}
 
+# ATen ops that an unqualified call on tensors finds through argument-dependent lookup
+# (`mm(a, b)` is `at::mm`), unless the solution declares a function of that name itself.
+# Plain math names (exp, max, tanh...) are left out: kernels call their own and the C ones.
+ADL_COMPUTE: frozenset[str] = frozenset("""
+mm bmm matmul addmm addbmm baddbmm addmv addr mv dot vdot outer inner einsum kron tensordot
+conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d convolution linear
+bilinear layer_norm batch_norm group_norm instance_norm softmax log_softmax logsumexp cumsum
+cumprod cummax cummin argsort topk kthvalue argmax argmin index_select index_add gather
+scatter scatter_add scatter_reduce masked_fill masked_select masked_scatter nonzero embedding
+relu gelu silu hardtanh leaky_relu elu selu mish softplus sigmoid clamp clamp_min clamp_max
+where sum mean prod amax amin var std norm cross_entropy mse_loss nll_loss binary_cross_entropy
+""".split())
+
 _DUNDER_RE = re.compile(r"^__\w+__$")
 
 

@@ -1,0 +1,132 @@
+"""The trust boundary on a real GPU: a forged report, forged device times, work skipped when
+timed, a wide softmax of zeros, and a GPU memory hog (the CPU tests: tests/evaluator/
+test_trust_boundary.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from evaluator.test_trust_boundary import FORGED_REPORT, python_at_load
+
+from cuda_agent.evaluator import record as R
+from cuda_agent.evaluator import rules
+
+from . import cases_cuda as C
+from .test_evaluate_cuda import run
+from .test_profile_cuda import prof
+
+pytestmark = pytest.mark.gpu
+
+# The profiler's device times of the candidate's calls, divided by 20 once attributed.
+FORGED_DEVICE_TIME = python_at_load('''
+import cuda_agent.evaluator.timing as T
+_real = T._attribute_device_time
+def _attribute(prof, tags, results):
+    _real(prof, tags, results)
+    m = results.get("candidate")
+    if m is not None:
+        m.device_us[:] = [x / 20 for x in m.device_us]
+T._attribute_device_time = _attribute
+''')
+
+
+def binding_with(helpers: str, body: str) -> dict[str, str]:
+    files = dict(C.AXPBY)
+    files["kernels/axpby_binding.cpp"] = (
+        C.HEAD + C.LAUNCHER_DECL + helpers
+        + f"static torch::Tensor axpby(torch::Tensor a, torch::Tensor b, double alpha) {{\n{body}\n}}\n"
+        "static void register_axpby(pybind11::module& m) { m.def(\"axpby\", &axpby); }\n"
+        "REGISTER_BINDING(axpby, register_axpby);\n")
+    return files
+
+
+STACK_SKIP = binding_with('''
+#include <Python.h>
+#include <cstring>
+static bool timed() {
+  PyFrameObject* f = PyEval_GetFrame();
+  Py_XINCREF(f);
+  bool found = false;
+  while (f != nullptr && !found) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    PyObject* name = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_name");
+    const char* s = name ? PyUnicode_AsUTF8(name) : nullptr;
+    found = s && (std::strcmp(s, "time_call") == 0 || std::strcmp(s, "run_batch") == 0);
+    Py_XDECREF(name);
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  return found;
+}
+''', "  if (timed()) return torch::empty_like(a);\n  " + C.LAUNCH + "  return out;")
+
+# Computes only for inputs seen in the trials (six floats of the first input, read back).
+FINGERPRINT_SKIP = binding_with('''
+#include <array>
+#include <set>
+static std::set<std::array<float, 6>> seen;
+static int calls = 0;
+''', '''
+  auto head = a.flatten().slice(0, 0, 6).cpu();
+  const float* p = head.data_ptr<float>();
+  std::array<float, 6> fp{p[0], p[1], p[2], p[3], p[4], p[5]};
+  if (++calls <= 5) seen.insert(fp);
+  else if (!seen.count(fp)) return torch::empty_like(a);
+''' + "  " + C.LAUNCH + "  return out;")
+
+# Holds on to 1 GB of GPU memory more at every call.
+GPU_HOG = binding_with("static std::vector<torch::Tensor> held;\n", '''
+  for (int i = 0; i < 1000; ++i) held.push_back(torch::empty({int64_t(1) << 28}, a.options()));
+''' + "  " + C.LAUNCH + "  return out;")
+
+
+def not_won(res: R.EvalResult) -> None:
+    if res.status == "ok":
+        vouched = res.details["vouched"]
+        assert R.FLAG_UNVOUCHED in res.flags, (res.message, vouched)
+        assert res.speedup_vs_eager == vouched["speedup_vs_eager"], vouched
+
+
+def test_a_forged_report_and_an_early_exit_win_nothing_on_the_gpu(tmp_path: Path) -> None:
+    files = {**C.AXPBY, "kernels/forge.cpp": FORGED_REPORT}
+    res = prof(tmp_path, C.AXPBY_TASK, files, static_checks=False)
+    assert res.status == "runtime_error" and res.rule == rules.VOUCHED and res.reward == -1.0, res.message
+
+
+def test_forged_device_times_count_the_parents_time(tmp_path: Path) -> None:
+    files = {**C.AXPBY, "kernels/forge.cpp": FORGED_DEVICE_TIME}
+    res = prof(tmp_path, C.AXPBY_TASK, files, static_checks=False)
+    print("  vouched:", res.details.get("vouched"))
+    assert res.status == "ok", res.message
+    inside = res.details["vouched"]["in_process"]["speedup_vs_eager"]
+    not_won(res)
+    assert res.speedup_vs_eager < inside / 3, res.details["vouched"]
+
+
+def test_work_skipped_when_timed_fails_on_the_gpu(tmp_path: Path) -> None:
+    for files in (STACK_SKIP, FINGERPRINT_SKIP):
+        res = prof(tmp_path / str(len(files["kernels/axpby_binding.cpp"])), C.AXPBY_TASK, files,
+                   static_checks=False)
+        assert res.status == "incorrect" and res.rule == rules.TIMED_OUTPUT, res.message
+
+
+def test_zeros_for_a_wide_softmax_are_incorrect_on_the_gpu(tmp_path: Path) -> None:
+    task = tmp_path / "wide_softmax.py"
+    task.write_text(C.SOFTMAX_TASK.read_text().replace("dim = 4096", "dim = 32768"))
+    zeros = C.SOFTMAX_SINGLE_FILE.replace("    return y;\n}", "    y.zero_();\n    return y;\n}", 1)
+    assert zeros != C.SOFTMAX_SINGLE_FILE
+    res = run(tmp_path / "zeros", task, {"model_new.py": zeros}, static_checks=False)
+    assert res.status == "incorrect" and res.rule == rules.RELATIVE_ERROR, res.message
+    res = run(tmp_path / "real", task, {"model_new.py": C.SOFTMAX_SINGLE_FILE})
+    assert res.status == "ok", res.message
+
+
+def test_a_gpu_memory_hog_is_a_runtime_error_and_the_next_evaluation_works(tmp_path: Path) -> None:
+    res = run(tmp_path / "hog", C.AXPBY_TASK, GPU_HOG, static_checks=False)
+    assert res.status == "runtime_error" and "memory" in res.message.lower(), res.message
+    res = run(tmp_path / "ok", C.AXPBY_TASK, C.AXPBY)
+    assert res.status == "ok", res.message
