@@ -111,10 +111,74 @@ def test_parameter_mismatch(tmp_path: Path) -> None:
     assert "linear.bias" in res.message
 
 
+# One extension for every fault and cheat below (one build): model_new.py picks the function.
+FAULTS = C.BINDING_HEAD + """#include <unistd.h>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+extern "C" void axpby_launcher(float*, const float*, const float*, float, int64_t);
+
+static torch::Tensor run(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
+  auto out = torch::empty_like(a);
+  axpby_launcher(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(), (float)alpha, a.numel());
+  return out;
+}
+// never writes its output: whatever memory torch::empty_like lands on is returned
+static torch::Tensor lazy(torch::Tensor a, torch::Tensor, double) { return torch::empty_like(a); }
+static torch::Tensor mutate(torch::Tensor a, torch::Tensor b, double alpha) {
+  auto out = run(a, b, alpha);
+  a.data_ptr<float>()[0] += 1.0f;
+  return out;
+}
+static torch::Tensor torch_ops(torch::Tensor a, torch::Tensor b, double alpha) { return a.mul(alpha).add(b); }
+static torch::Tensor segfault(torch::Tensor a, torch::Tensor, double) {
+  volatile float* p = nullptr;
+  *p = 1.0f;
+  return a;
+}
+static torch::Tensor spin(torch::Tensor a, torch::Tensor, double) {
+  volatile int x = 0;
+  while (true) { x = x + 1; }
+  return a;
+}
+static torch::Tensor fork_bomb(torch::Tensor a, torch::Tensor, double) {
+  while (true) { fork(); }
+  return a;
+}
+// allocates and touches 30 GB, a gigabyte at a time: more than this machine has
+static torch::Tensor memory_hog(torch::Tensor a, torch::Tensor, double) {
+  std::vector<char*> held;
+  for (int i = 0; i < 30; ++i) {
+    char* p = static_cast<char*>(std::malloc(size_t(1) << 30));
+    if (p == nullptr) break;
+    std::memset(p, 1, size_t(1) << 30);
+    held.push_back(p);
+  }
+  return a;
+}
+static torch::Tensor huge(torch::Tensor a, torch::Tensor, double) {
+  auto out = torch::empty({int64_t(1) << 42}, a.options());
+  out.data_ptr<float>()[0] = 0.f;
+  return out;
+}
+static void register_faults(pybind11::module& m) {
+  for (auto& [name, fn] : std::vector<std::pair<const char*, torch::Tensor (*)(torch::Tensor, torch::Tensor, double)>>{
+           {"lazy", lazy}, {"mutate", mutate}, {"torch_ops", torch_ops}, {"segfault", segfault}, {"spin", spin},
+           {"fork_bomb", fork_bomb}, {"memory_hog", memory_hog}, {"huge", huge}})
+    m.def(name, fn);
+}
+REGISTER_BINDING(faults, register_faults);
+"""
+
+
+def faulty(fn: str) -> dict[str, str]:
+    """axpby whose forward calls the fault extension's `fn` (evaluate with static_checks=False)."""
+    return C.axpby(C.forward(f"return cuda_extension.{fn}(a, b, self.alpha)"), axpby_binding__cpp=FAULTS)
+
+
 def test_uninitialised_output_fails(tmp_path: Path) -> None:
-    # The kernel never writes its output: whatever memory torch::empty_like lands on is returned.
-    lazy = C.binding("auto out = torch::empty_like(a);\n  return out;")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": lazy}))
+    res = run(tmp_path, C.AXPBY_TASK, faulty("lazy"), static_checks=False)
     assert res.status == "incorrect" and res.rule in ("output-values", "nonfinite-mismatch")
 
 
@@ -138,8 +202,7 @@ def test_runtime_rules_reject(tmp_path: Path, rule: str) -> None:
 
 
 def test_input_mutation_rejected(tmp_path: Path) -> None:
-    mut = C.binding(C.CALL + "  a.data_ptr<float>()[0] += 1.0f;\n  return out;")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": mut}), static_checks=False)
+    res = run(tmp_path, C.AXPBY_TASK, faulty("mutate"), static_checks=False)
     assert res.status == "rejected" and res.rule == "input-mutation"
     assert "input[0]" in res.message
 
@@ -153,8 +216,7 @@ def test_output_subclass_rejected(tmp_path: Path) -> None:
 
 
 def test_torch_op_in_cpp_binding_rejected_at_runtime(tmp_path: Path) -> None:
-    cheat = C.binding("return a.mul(alpha).add(b);")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": cheat}), static_checks=False)
+    res = run(tmp_path, C.AXPBY_TASK, faulty("torch_ops"), static_checks=False)
     assert res.status == "rejected" and res.rule == "torch-compute-op"
     assert "aten.mul" in res.message
 
@@ -180,8 +242,7 @@ def test_static_rules_reject_early(tmp_path: Path, files: dict[str, str], rule: 
 
 
 def test_segfault_is_a_runtime_error_and_the_next_evaluation_works(tmp_path: Path) -> None:
-    crash = C.binding("volatile float* p = nullptr;\n  *p = 1.0f;\n  return a;")
-    res = run(tmp_path / "crash", C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": crash}))
+    res = run(tmp_path / "crash", C.AXPBY_TASK, faulty("segfault"), static_checks=False)
     assert res.status == "runtime_error"
     assert "SIGSEGV" in res.message and "trial 1" in res.message
     again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby())
@@ -189,8 +250,7 @@ def test_segfault_is_a_runtime_error_and_the_next_evaluation_works(tmp_path: Pat
 
 
 def test_infinite_loop_in_kernel_times_out(tmp_path: Path) -> None:
-    spin = C.binding("volatile int x = 0;\n  while (true) { x = x + 1; }\n  return a;")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": spin}), run_timeout_s=15.0)
+    res = run(tmp_path, C.AXPBY_TASK, faulty("spin"), static_checks=False, run_timeout_s=15.0)
     assert res.status == "timeout"
     assert "trial 1" in res.message
 
@@ -203,9 +263,7 @@ def test_infinite_loop_at_import_times_out(tmp_path: Path) -> None:
 
 
 def test_fork_bomb_is_stopped_at_the_process_limit(tmp_path: Path) -> None:
-    bomb = C.binding("while (true) { fork(); }\n  return a;", extra="#include <unistd.h>\n")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": bomb}), static_checks=False,
-              run_timeout_s=60.0, max_processes=64)
+    res = run(tmp_path, C.AXPBY_TASK, faulty("fork_bomb"), static_checks=False, run_timeout_s=60.0, max_processes=64)
     assert res.status == "runtime_error", res.message
     if _run_cgroups():  # stopped when it reached the limit, not at the time-out
         assert "process limit" in res.message and res.timings_s["candidate"] < 30, (res.message, res.timings_s)
@@ -213,22 +271,10 @@ def test_fork_bomb_is_stopped_at_the_process_limit(tmp_path: Path) -> None:
     assert again.status == "ok"
 
 
-# Allocates and touches 30 GB, a gigabyte at a time: more than this machine has.
-MEMORY_HOG = C.binding("""
-  std::vector<char*> held;
-  for (int i = 0; i < 30; ++i) {
-    char* p = static_cast<char*>(std::malloc(size_t(1) << 30));
-    if (p == nullptr) break;
-    std::memset(p, 1, size_t(1) << 30);
-    held.push_back(p);
-  }
-  return a;""", extra="#include <cstdlib>\n#include <cstring>\n#include <vector>\n")
-
-
 def test_a_memory_hog_is_killed_at_its_own_limit(tmp_path: Path) -> None:
     if not _run_cgroups(memory=True):
         pytest.skip("needs a memory cgroup (root)")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(axpby_binding__cpp=MEMORY_HOG), static_checks=False, memory_mb=1024)
+    res = run(tmp_path, C.AXPBY_TASK, faulty("memory_hog"), static_checks=False, memory_mb=1024)
     assert res.status == "runtime_error" and "memory limit" in res.message, res.message
     assert res.details.get("limit") == "memory"
     again = run(tmp_path / "ok", C.AXPBY_TASK, C.axpby(), memory_mb=1024)  # a real solution fits
@@ -259,9 +305,7 @@ def test_zeros_for_a_wide_softmax_are_incorrect(tmp_path: Path) -> None:
 
 
 def test_huge_allocation_is_a_runtime_error(tmp_path: Path) -> None:
-    huge = C.binding("auto out = torch::empty({int64_t(1) << 42}, a.options());\n"
-                     "  out.data_ptr<float>()[0] = 0.f;\n  return out;")
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"axpby_binding__cpp": huge}))
+    res = run(tmp_path, C.AXPBY_TASK, faulty("huge"), static_checks=False)
     assert res.status == "runtime_error"
     assert "alloc" in res.message.lower() or "memory" in res.message.lower()
 

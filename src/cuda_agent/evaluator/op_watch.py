@@ -35,9 +35,10 @@ from cuda_agent.evaluator.static_checks.vocabulary import ADL_COMPUTE, COMPUTE_M
 NAME = "cuda_agent_op_watch"
 
 SOURCE = r"""
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
-#include <pybind11/pybind11.h>
 
 #include <atomic>
 #include <map>
@@ -106,7 +107,7 @@ def _built_path(device: str) -> tuple[Any, Path]:
 def ensure_built(device: str, timeout_s: float = 600.0) -> Path | None:
     """The watch extension for `device`'s toolchain, built once (None: it does not build
     here, and the candidate runs without it; the reason is kept in FAILED)."""
-    from cuda_agent.evaluator.pch import locked
+    from cuda_agent.evaluator.pch import ensure_pch, locked
 
     tc, so = _built_path(device)
     failed = so.parent / "FAILED"
@@ -120,7 +121,9 @@ def ensure_built(device: str, timeout_s: float = 600.0) -> Path | None:
         src = so.parent / f"{NAME}.cpp"
         src.write_text(SOURCE)
         tmp = so.parent / f"{NAME}.so.tmp{os.getpid()}"
-        cmd = [tc.cxx, str(src), "-o", str(tmp), *tc.cflags, *tc.ldflags]
+        pch = ensure_pch(tc, "types")  # the headers every extension's build parses, parsed once
+        cmd = [tc.cxx, *(["-include", str(pch)] if pch else []), str(src), "-o", str(tmp), *tc.cflags,
+               *tc.ldflags]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
