@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from evaluator.test_trust_boundary import FORGED_REPORT, python_at_load
+from evaluator.test_untrusted_files import FORGE_LINKS
 
 from cuda_agent.evaluator import record as R
 from cuda_agent.evaluator import rules
@@ -84,6 +85,20 @@ GPU_HOG = binding_with("static std::vector<torch::Tensor> held;\n", '''
 ''' + "  " + C.LAUNCH + "  return out;")
 
 
+# ATen computes the answer on an OpenMP worker thread, or with the Python dispatch key excluded.
+OMP_ATEN = binding_with("#include <omp.h>\n#include <ATen/ATen.h>\n", '''
+  auto out = torch::empty_like(a);
+#pragma omp parallel num_threads(2)
+  {
+    if (omp_get_thread_num() == 1) at::add_out(out, b, a, alpha);
+  }
+  return out;''')
+EXCLUDED_ATEN = binding_with("#include <ATen/ATen.h>\n#include <c10/core/impl/LocalDispatchKeySet.h>\n", '''
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  return at::add(b, a, alpha);''')
+
+
 def not_won(res: R.EvalResult) -> None:
     if res.status == "ok":
         vouched = res.details["vouched"]
@@ -130,3 +145,15 @@ def test_a_gpu_memory_hog_is_a_runtime_error_and_the_next_evaluation_works(tmp_p
     assert res.status == "runtime_error" and "memory" in res.message.lower(), res.message
     res = run(tmp_path / "ok", C.AXPBY_TASK, C.AXPBY)
     assert res.status == "ok", res.message
+
+
+def test_outputs_linked_to_the_expected_outputs_are_not_read_on_the_gpu(tmp_path: Path) -> None:
+    res = run(tmp_path, C.AXPBY_TASK, {**C.AXPBY, "kernels/forge.cpp": FORGE_LINKS}, static_checks=False)
+    assert res.status == "runtime_error" and "symbolic link" in res.message, res.message
+
+
+def test_aten_the_forward_guard_cannot_see_is_seen_on_the_gpu(tmp_path: Path) -> None:
+    for tag, files in (("omp", OMP_ATEN), ("excluded", EXCLUDED_ATEN)):
+        res = run(tmp_path / tag, C.AXPBY_TASK, files, static_checks=False)
+        assert res.status == "rejected" and res.rule == rules.TORCH_COMPUTE and "aten::add" in res.message, \
+            (tag, res.message)
