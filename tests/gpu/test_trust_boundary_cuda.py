@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from evaluator.test_trust_boundary import FORGED_REPORT, python_at_load
+from evaluator.test_trust_boundary import _STACK, FORGED_REPORT, python_at_load
 from evaluator.test_untrusted_files import FORGE_LINKS
 
 from cuda_agent.evaluator import record as R
@@ -42,28 +42,8 @@ def binding_with(helpers: str, body: str) -> dict[str, str]:
     return files
 
 
-STACK_SKIP = binding_with('''
-#include <Python.h>
-#include <cstring>
-static bool timed() {
-  PyFrameObject* f = PyEval_GetFrame();
-  Py_XINCREF(f);
-  bool found = false;
-  while (f != nullptr && !found) {
-    PyCodeObject* code = PyFrame_GetCode(f);
-    PyObject* name = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_name");
-    const char* s = name ? PyUnicode_AsUTF8(name) : nullptr;
-    found = s && (std::strcmp(s, "time_call") == 0 || std::strcmp(s, "run_batch") == 0);
-    Py_XDECREF(name);
-    Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(f);
-    Py_DECREF(f);
-    f = back;
-  }
-  Py_XDECREF(f);
-  return found;
-}
-''', "  if (timed()) return torch::empty_like(a);\n  " + C.LAUNCH + "  return out;")
+STACK_SKIP = binding_with("#include <Python.h>\n#include <cstring>\n" + _STACK,
+                          "  if (timed()) return torch::empty_like(a);\n  " + C.LAUNCH + "  return out;")
 
 # Computes only for inputs seen in the trials (six floats of the first input, read back).
 FINGERPRINT_SKIP = binding_with('''

@@ -24,8 +24,6 @@ checks of outputs and times would give it (see the evaluator README).
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,34 +105,20 @@ def _built_path(device: str) -> tuple[Any, Path]:
 def ensure_built(device: str, timeout_s: float = 600.0) -> Path | None:
     """The watch extension for `device`'s toolchain, built once (None: it does not build
     here, and the candidate runs without it; the reason is kept in FAILED)."""
-    from cuda_agent.evaluator.pch import ensure_pch, locked
+    from cuda_agent.evaluator.pch import build_once, ensure_pch
 
     tc, so = _built_path(device)
-    failed = so.parent / "FAILED"
     if so.exists():
         return so
-    if failed.exists():
-        return None
-    with locked(so.parent / ".lock"):
-        if so.exists():
-            return so
-        src = so.parent / f"{NAME}.cpp"
+    src = so.parent / f"{NAME}.cpp"
+    if not src.exists():
         src.write_text(SOURCE)
-        tmp = so.parent / f"{NAME}.so.tmp{os.getpid()}"
-        pch = ensure_pch(tc, "types")  # the headers every extension's build parses, parsed once
-        cmd = [tc.cxx, *(["-include", str(pch)] if pch else []), str(src), "-o", str(tmp), *tc.cflags,
-               *tc.ldflags]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-        if proc.returncode != 0 or not tmp.exists():
-            failed.write_text(proc.stderr[-4000:])
-            tmp.unlink(missing_ok=True)
-            return None
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, so)
-    return so
+    pch = ensure_pch(tc, "types")  # the headers every extension's build parses, parsed once
+
+    def command(tmp: Path) -> list[str]:
+        return [tc.cxx, *(["-include", str(pch)] if pch else []), str(src), "-o", str(tmp), *tc.cflags, *tc.ldflags]
+
+    return so if build_once(so, command, timeout_s) else None
 
 
 class Watch:

@@ -12,7 +12,7 @@ import fcntl
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,29 +52,37 @@ def pch_built(tc: Toolchain, kind: str) -> bool:
     return (d / "ca_prelude.h.gch").exists() or (d / "FAILED").exists()
 
 
+def build_once(target: Path, command: Callable[[Path], list[str]], timeout_s: float) -> bool:
+    """Make `target` once, whoever asks first: `command(tmp)` writes a temporary file that
+    replaces `target` when it succeeds; a failure is remembered (FAILED beside it, with
+    the compiler's words) and never retried. True when `target` exists."""
+    failed = target.parent / "FAILED"
+    if target.exists():
+        return True
+    if failed.exists():
+        return False
+    with locked(target.parent / ".lock"):
+        if target.exists():
+            return True
+        tmp = target.parent / f"{target.name}.tmp{os.getpid()}"
+        try:
+            proc = subprocess.run(command(tmp), capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        if proc.returncode != 0 or not tmp.exists():
+            failed.write_text(proc.stderr[-4000:])
+            tmp.unlink(missing_ok=True)
+            return False
+        os.replace(tmp, target)
+    return True
+
+
 def ensure_pch(tc: Toolchain, kind: str, timeout_s: float = 900.0) -> Path | None:
     """Build (once per toolchain) a precompiled torch header; None if it cannot be built."""
     d = cache_dir("pch", tc.fingerprint, kind)
     header = d / "ca_prelude.h"
-    gch = d / "ca_prelude.h.gch"
-    failed = d / "FAILED"
-    if gch.exists():
-        return header
-    if failed.exists():
-        return None
-    with locked(d / ".lock"):
-        if gch.exists():
-            return header
+    if not (d / "ca_prelude.h.gch").exists():
         header.write_text(PCH_HEADERS[kind])
-        tmp = d / f"ca_prelude.h.gch.tmp{os.getpid()}"
-        cmd = [tc.cxx, "-x", "c++-header", str(header), "-o", str(tmp), *tc.cflags]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-        if proc.returncode != 0 or not tmp.exists():
-            failed.write_text(proc.stderr[-4000:])
-            tmp.unlink(missing_ok=True)
-            return None
-        os.replace(tmp, gch)
-    return header
+    ok = build_once(d / "ca_prelude.h.gch",
+                    lambda tmp: [tc.cxx, "-x", "c++-header", str(header), "-o", str(tmp), *tc.cflags], timeout_s)
+    return header if ok else None

@@ -281,6 +281,15 @@ class RunCgroup:
                         break
         return group if group.dirs else None
 
+    @classmethod
+    def available(cls, controller: str = "pids") -> bool:
+        """Whether a run can get a cgroup with `controller` ("pids" or "memory") here."""
+        group = cls.create(8, 64 << 20 if controller == "memory" else None)
+        if group is None:
+            return False
+        group.remove()
+        return controller in group.dirs
+
     @staticmethod
     def _make(path: Path, ctl: str, value: int, v2: bool) -> bool:
         try:
