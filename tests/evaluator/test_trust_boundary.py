@@ -72,6 +72,13 @@ import torch
 torch.equal = lambda *a, **k: True
 torch.Tensor.__eq__ = lambda self, other: torch.ones(self.shape, dtype=torch.bool)
 ''',
+    # the outputs become links to the reference's expected outputs, and saves do nothing
+    "links": '''
+import os, torch
+torch.save = lambda *a, **k: None
+for k in range(5):
+    os.symlink(f'../../private/expected_{k}.pt', f'out/out_{k}.pt')
+''',
     # a Python thread for model_new.py to leave work to
     "later": '''
 import builtins, threading, time

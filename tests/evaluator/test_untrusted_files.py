@@ -15,27 +15,12 @@ from cuda_agent.evaluator.solution import SolutionError, load_solution
 
 from . import cases as C
 from .test_evaluate_cpu import run
-
-# Native code at load time (the extension is imported by the candidate process): the outputs
-# become links to the reference's expected outputs, and the process's own saves do nothing.
-FORGE_LINKS = r"""#include <Python.h>
-
-namespace {
-struct Forge {
-  Forge() {
-    PyRun_SimpleString(
-        "import os, torch\n"
-        "torch.save = lambda *a, **k: None\n"
-        "for k in range(5):\n"
-        "    os.symlink(f'../../private/expected_{k}.pt', f'out/out_{k}.pt')\n");
-  }
-} forge;
-}  // namespace
-"""
+from .test_trust_boundary import hostile
 
 
 def test_outputs_linked_to_the_expected_outputs_are_not_read(tmp_path: Path) -> None:
-    res = run(tmp_path, C.AXPBY_TASK, C.axpby(forge__cpp=FORGE_LINKS), static_checks=False)
+    # native code makes the outputs links to the reference's expected outputs (forge "links")
+    res = run(tmp_path, C.AXPBY_TASK, hostile(forge="links"), static_checks=False)
     assert res.status == "runtime_error" and not res.correct and res.reward == -1.0, res.message
     assert "symbolic link" in res.message
 

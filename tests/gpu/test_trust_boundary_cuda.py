@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from evaluator.test_trust_boundary import _STACK, FORGED_REPORT, python_at_load
-from evaluator.test_untrusted_files import FORGE_LINKS
+from evaluator.test_trust_boundary import _STACK, FORGED_REPORT, FORGES, python_at_load
 
 from cuda_agent.evaluator import record as R
 from cuda_agent.evaluator import rules
@@ -128,7 +127,8 @@ def test_a_gpu_memory_hog_is_a_runtime_error_and_the_next_evaluation_works(tmp_p
 
 
 def test_outputs_linked_to_the_expected_outputs_are_not_read_on_the_gpu(tmp_path: Path) -> None:
-    res = run(tmp_path, C.AXPBY_TASK, {**C.AXPBY, "kernels/forge.cpp": FORGE_LINKS}, static_checks=False)
+    res = run(tmp_path, C.AXPBY_TASK, {**C.AXPBY, "kernels/forge.cpp": python_at_load(FORGES["links"])},
+              static_checks=False)
     assert res.status == "runtime_error" and "symbolic link" in res.message, res.message
 
 
