@@ -45,15 +45,16 @@ STACK_SKIP = binding_with("#include <Python.h>\n#include <cstring>\n" + _STACK,
                           "  if (timed()) return torch::empty_like(a);\n  " + C.LAUNCH + "  return out;")
 
 # Computes only for inputs seen in the trials (six floats of the first input, read back).
+# (On the H100 with a torch copy for the read-back it was rejected as torch compute
+# instead: not a win either way.)
 FINGERPRINT_SKIP = binding_with('''
 #include <array>
 #include <set>
 static std::set<std::array<float, 6>> seen;
 static int calls = 0;
 ''', '''
-  auto head = a.flatten().slice(0, 0, 6).cpu();
-  const float* p = head.data_ptr<float>();
-  std::array<float, 6> fp{p[0], p[1], p[2], p[3], p[4], p[5]};
+  std::array<float, 6> fp{};  // (read with the CUDA runtime: a torch copy would be a compute op)
+  cudaMemcpy(fp.data(), a.data_ptr<float>(), sizeof(fp), cudaMemcpyDeviceToHost);
   if (++calls <= 5) seen.insert(fp);
   else if (!seen.count(fp)) return torch::empty_like(a);
 ''' + "  " + C.LAUNCH + "  return out;")
@@ -95,10 +96,11 @@ def test_forged_device_times_count_the_parents_time(tmp_path: Path) -> None:
     files = {**C.AXPBY, "kernels/forge.cpp": FORGED_DEVICE_TIME}
     res = prof(tmp_path, C.AXPBY_TASK, files, static_checks=False)
     print("  vouched:", res.details.get("vouched"))
-    assert res.status == "ok", res.message
+    # (times that small are also faster than the memory can move the data: rejected for that)
+    assert res.status == "ok" or res.rule == rules.BANDWIDTH, res.message
     inside = res.details["vouched"]["in_process"]["speedup_vs_eager"]
     not_won(res)
-    assert res.speedup_vs_eager < inside / 3, res.details["vouched"]
+    assert res.reward < 3 and (res.speedup_vs_eager or 0) < inside / 3, res.details["vouched"]
 
 
 def test_work_skipped_when_timed_fails_on_the_gpu(tmp_path: Path) -> None:

@@ -54,14 +54,28 @@ def few_threads() -> Iterator[None]:
                 torch.set_num_threads(before)
 
 
-def _all_close(e: torch.Tensor, g: torch.Tensor, atol: float, rtol: float) -> bool:
-    """True when every element of `g` is finite and within atol + rtol * |e| of a finite
-    `e`: the usual case, checked in few passes. Anything else (a NaN or Inf anywhere, a
-    value out of tolerance, a sum that overflows) is left to the full diagnosis."""
-    diff = (e - g).abs_()
-    ok = diff <= e.abs().mul_(rtol).add_(atol)  # NaN compares False
-    # an Inf in `e` makes its tolerance Inf: a finite `g` there would pass; the sum catches it
-    return bool(ok.all()) and bool(torch.isfinite(diff.sum()))
+_CHUNK = 1 << 16  # elements per piece of the fast path: its float64 temporaries stay in cache
+
+
+def _all_close(exp: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+    """(norm of the reference, norm of the difference) when every element of `got` is
+    finite and within atol + rtol * |exp| of a finite `exp`: the usual case, checked in
+    pieces small enough to stay in cache, in float64. Anything else (a NaN or Inf
+    anywhere, a value out of tolerance, a sum that overflows) is left to the full
+    diagnosis (None)."""
+    e_all, g_all = exp.reshape(-1), got.reshape(-1)
+    ref_sq = err_sq = 0.0
+    for lo in range(0, e_all.numel(), _CHUNK):
+        e = e_all[lo:lo + _CHUNK].to(torch.float64)
+        g = g_all[lo:lo + _CHUNK].to(torch.float64)
+        diff = (e - g).abs_()
+        ok = diff <= e.abs().mul_(rtol).add_(atol)  # NaN compares False
+        # an Inf in `e` makes its tolerance Inf: a finite `g` there would pass; the sum catches it
+        if not bool(ok.all()) or not bool(torch.isfinite(diff.sum())):
+            return None
+        ref_sq += float(torch.dot(e, e))
+        err_sq += float(torch.dot(diff, diff))
+    return ref_sq ** 0.5, err_sq ** 0.5
 
 
 def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> Mismatch | None:
@@ -78,10 +92,11 @@ def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float
             return Mismatch(rules.VALUES, f"{path} differs at index {idx}: expected {exp[idx].item()}, "
                             f"got {got[idx].item()} ({int(bad.sum())} of {exp.numel()} elements differ).")
         return None
+    close = None if exp.is_complex() else _all_close(exp, got, atol, rtol)
+    if close is not None:
+        return _relative_error(path, *close)
     e = exp.to(torch.float64) if not exp.is_complex() else exp.to(torch.complex128)
     g = got.to(e.dtype)
-    if not e.is_complex() and _all_close(e, g, atol, rtol):
-        return _relative_error(path, e, g)
     for name, fn in (("NaN", torch.isnan), ("+Inf", lambda t: torch.isposinf(t.real)),
                      ("-Inf", lambda t: torch.isneginf(t.real))):
         me, mg = fn(e), fn(g)
@@ -105,18 +120,15 @@ def compare_tensors(path: str, exp: torch.Tensor, got: torch.Tensor, atol: float
             f"(|diff| {_fmt(diff[idx].item())} > atol {atol:g} + rtol {rtol:g} * |expected|); "
             f"{n} of {e.numel()} elements ({100.0 * n / e.numel():.3g}%) out of tolerance, max |diff| {_fmt(maxd)}."
         ))
-    return _relative_error(path, e, g)
+    return _relative_error(path, float(torch.linalg.vector_norm(e[finite])),
+                           float(torch.linalg.vector_norm(diff[finite])))
 
 
-def _relative_error(path: str, e: torch.Tensor, g: torch.Tensor) -> Mismatch | None:
-    """Elementwise within tolerance, but is the error small beside the reference itself?
-    (finite elements only; an all-zero reference has no scale to measure against)."""
-    finite = torch.isfinite(e) & torch.isfinite(g)
-    ref = float(torch.linalg.vector_norm(e[finite]))
-    if ref == 0.0:
-        return None
-    err = float(torch.linalg.vector_norm((e - g)[finite]))
-    if err <= REL_NORM * ref:
+def _relative_error(path: str, ref: float, err: float) -> Mismatch | None:
+    """Elementwise within tolerance, but is the error (`err`, the norm of the difference
+    over the finite elements) small beside the reference's own norm (`ref`)? An all-zero
+    reference has no scale to measure against."""
+    if ref == 0.0 or err <= REL_NORM * ref:
         return None
     return Mismatch(rules.RELATIVE_ERROR, (
         f"{path} is within atol of the reference element by element, but its error is {err / ref:.3g} of the "
