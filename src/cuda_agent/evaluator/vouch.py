@@ -62,6 +62,21 @@ def call_seed(seed: int, i: int) -> int:
 
 # -- in the evaluator's processes ----------------------------------------------------------
 
+_M64 = (1 << 64) - 1
+
+
+def _draws(seed: int, k: int) -> list[int]:
+    """`k` pseudo-random 64-bit integers from `seed` (splitmix64: cheap, and the same in
+    every process)."""
+    out, x = [], seed & _M64
+    for _ in range(k):
+        x = (x + 0x9E3779B97F4A7C15) & _M64
+        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        out.append(z ^ (z >> 31))
+    return out
+
+
 def vary_inputs(buffers: list[Any], sets: Sequence[list[Any]], seed: int, i: int) -> None:
     """Write call `i` of batch `seed`'s inputs into `buffers` (same memory, new values).
 
@@ -75,19 +90,18 @@ def vary_inputs(buffers: list[Any], sets: Sequence[list[Any]], seed: int, i: int
     element, not contiguous) are set `j`'s as they are."""
     import torch
 
-    s = call_seed(seed, i)
-    rng = random.Random(s)
     n_sets = len(sets)
-    j = rng.randrange(n_sets)
-    k = (j + 1 + rng.randrange(n_sets - 1)) % n_sets if n_sets > 1 else j
-    pick = torch.maximum if rng.random() < 0.5 else torch.minimum
+    r = _draws(call_seed(seed, i), 3 + 2 * len(buffers))
+    j = r[0] % n_sets
+    k = (j + 1 + r[1] % (n_sets - 1)) % n_sets if n_sets > 1 else j
+    pick = torch.maximum if r[2] & 1 else torch.minimum
     for pos, dst in enumerate(buffers):
         if not isinstance(dst, torch.Tensor):
             continue
         a, b = sets[j][pos], sets[k][pos]
         n = a.numel()
         if n > 1 and a.is_floating_point() and dst.is_contiguous() and a.is_contiguous() and b.is_contiguous():
-            _combine(pick, dst.view(-1), a.view(-1), b.view(-1), rng.randrange(n), rng.randrange(n))
+            _combine(pick, dst.view(-1), a.view(-1), b.view(-1), r[3 + 2 * pos] % n, r[4 + 2 * pos] % n)
         else:
             dst.copy_(a)
 
@@ -121,6 +135,28 @@ def _words(t: Any) -> Any:
 SEGMENTS = 2  # random stretches (each at most a quarter of the whole) summed on their own besides it
 
 
+_plans: dict[tuple[int, int, int, str], tuple[list[tuple[int, int]], Any]] = {}
+
+
+def _plan(key: int, index: int, n: int, device: Any) -> tuple[list[tuple[int, int]], Any]:
+    """The stretches summed besides the whole, and the weights of the sums, for the
+    `index`-th tensor of `n` words under `key`; made once per batch and kept."""
+    import torch
+
+    k = (key, index, n, str(device))
+    if k not in _plans:
+        if len(_plans) > 256:
+            _plans.clear()
+        r = _draws(key * 7919 + index, 1 + 3 * SEGMENTS)
+        segs = []
+        for s in range(SEGMENTS):
+            lo = r[1 + 3 * s] % (n + 1)
+            segs.append((lo, lo + r[2 + 3 * s] % (min(n - lo, n // 4) + 1)))
+        weights = [r[0] >> 2] + [r[3 + 3 * s] >> 2 for s in range(SEGMENTS)]
+        _plans[k] = segs, torch.tensor(weights, dtype=torch.int64, device=device)
+    return _plans[k]
+
+
 def commit_hash(obj: Any, key: int, device: Any) -> Any:
     """A 64-bit commitment to the bytes of `obj`'s tensors (a 0-d int64 tensor on
     `device`; no synchronisation): the sum of the bytes as integers (modulo 2**32), and
@@ -134,20 +170,15 @@ def commit_hash(obj: Any, key: int, device: Any) -> Any:
 
     from cuda_agent.evaluator.tensors import tensors
 
-    rng = random.Random(key)
-    total = torch.zeros((), dtype=torch.int64, device=device)
-    for _, t in tensors(obj):
+    total = None
+    for index, (_, t) in enumerate(tensors(obj)):
         w = _words(t)
         n = w.numel()
-        parts = [w.sum(dtype=torch.int32).to(torch.int64) * rng.getrandbits(62)] if n else []
-        for _ in range(SEGMENTS):
-            lo = rng.randrange(n + 1)
-            hi = lo + rng.randrange(min(n - lo, n // 4) + 1)
-            if hi > lo:
-                parts.append(w[lo:hi].sum(dtype=torch.int32).to(torch.int64) * rng.getrandbits(62))
-        h = torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.int64, device=w.device)
-        total = total * 1_000_003 + h.to(device) + n
-    return total
+        segs, weights = _plan(key, index, n, w.device)
+        sums = torch.stack([w.sum(dtype=torch.int32), *(w[lo:hi].sum(dtype=torch.int32) for lo, hi in segs)])
+        h = (sums.to(torch.int64) * weights).sum().to(device) + n
+        total = h if total is None else total * 1_000_003 + h
+    return total if total is not None else torch.zeros((), dtype=torch.int64, device=device)
 
 
 def run_batch(subject: Callable[..., Any], sets: Sequence[list[Any]], buffers: list[Any], seed: int, key: int,
