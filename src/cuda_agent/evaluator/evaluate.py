@@ -233,9 +233,6 @@ class Evaluation:
             os.chmod(f.candidate_task_code, 0o644)
             profile = ProfileSpec(protocol=dataclasses.asdict(self.opts.protocol),
                                   gate_timeout_s=self.opts.run_timeout_s)
-        CandidateSpec(work=str(f.work), device=self.device, trials=self.opts.trials, init_seed=self.init_seed,
-                      format=self.solution.format, extensions=placed, threads=self.threads,
-                      profile=profile, watch_so=watch_so).write(f.candidate_spec)
         timeout = self.opts.run_timeout_s * (2 if self.gated else 1)
         t0 = time.perf_counter()
         ended = threading.Event()
@@ -246,6 +243,11 @@ class Evaluation:
                                       daemon=True)
             driver.start()
         try:
+            # the spec last: a spare's job starts when it appears (the candidate waits for the
+            # driver's end of the pipes, `vouch.OPEN_WAIT_S`, should it come late)
+            CandidateSpec(work=str(f.work), device=self.device, trials=self.opts.trials, init_seed=self.init_seed,
+                          format=self.solution.format, extensions=placed, threads=self.threads,
+                          profile=profile, watch_so=watch_so).write(f.candidate_spec)
             run = self.run_process("candidate", timeout, f.progress.exists)
         finally:
             ended.set()

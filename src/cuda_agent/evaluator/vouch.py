@@ -52,6 +52,7 @@ BATCH_S = {"cuda": 0.02, "cpu": 0.05}  # a batch's target length: the pipe's lat
 MAX_CALLS = 2048
 KEEP_BYTES = {"cuda": 512 << 20, "cpu": 256 << 20}  # outputs of one batch kept for the reveal
 MAX_LINE = 4 << 20
+OPEN_WAIT_S = 30.0  # how long the candidate waits for the parent's end of the pipes
 _COLS = (61, 67, 71, 73, 79, 83, 89, 97, 101, 103, 107, 109, 113, 127)
 _perf = time.perf_counter  # bound before candidate code is imported
 
@@ -278,19 +279,24 @@ class Serve:
         """Serve; returns how it ended ("end", "no parent", "timed out", "error: ...")."""
         import torch
 
-        try:
-            reply = os.open(self.reply_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                return "no parent"  # nobody drives batches (profiling without a vouching parent)
-            raise
+        deadline = time.monotonic() + timeout_s
+        open_by = time.monotonic() + OPEN_WAIT_S
+        while True:
+            try:
+                reply = os.open(self.reply_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                if time.monotonic() > open_by:
+                    return "no parent"  # nobody reads the answers: no batches to run
+                time.sleep(0.01)  # the parent's reader is not open yet
         os.set_blocking(reply, True)
         cmd = os.open(self.cmd_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         lines = _Lines(cmd)
         buffers = [t.clone() if isinstance(t, torch.Tensor) else t for t in sets[0]]
         dev = torch.device(device)
         kept: tuple[int, list[Any]] = (-1, [])
-        deadline = time.monotonic() + timeout_s
 
         def send(obj: dict[str, Any]) -> None:
             _write_all(reply, (json.dumps(obj) + "\n").encode())
