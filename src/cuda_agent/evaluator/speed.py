@@ -61,6 +61,11 @@ BANDWIDTH_FACTOR = 1.5  # implied traffic above this many times the measured cop
 # how far above the vouched speedup an in-process one may be and still count: the spread of
 # the parent's batch times between processes (wider on a shared CPU)
 VOUCH_BAND = {"cuda": 0.10, "cpu": 0.20}
+# how much the protocol's own cost per call may differ between the baseline process (where
+# it is measured, maybe long ago) and the candidate's; as a share of the candidate's work
+# it widens the band, which on a small task (new inputs and a hash cost more than the
+# call) leaves the in-process figure to stand unless it is grossly beyond the parent's
+PROTOCOL_DRIFT = {"cuda": 0.05, "cpu": 0.20}
 
 
 def kernel_kind(name: str) -> str:
@@ -110,8 +115,9 @@ def _vouch(out: SpeedOutcome, cand: dict[str, Any] | None, base: dict[str, Any] 
     v_e, v_k = _ratio(e * scale, c), _ratio(k * scale, c)
     # the band: the spread of processes' batch times, widened by how uncertain the
     # protocol-less differences are (a task whose work is small beside the protocol's)
-    band_e = VOUCH_BAND.get(device, 0.2) + uc + ue
-    band_k = VOUCH_BAND.get(device, 0.2) + uc + uk
+    protocol = PROTOCOL_DRIFT.get(device, 0.2) * (float(null["min_us"]) if null else 0.0) / c
+    band_e = VOUCH_BAND.get(device, 0.2) + uc + ue + protocol
+    band_k = VOUCH_BAND.get(device, 0.2) + uc + uk + protocol
     out.details["vouched"] = {
         "per_call_us": {"candidate": cand.get("per_call_us"), "eager": base["eager"].get("per_call_us"),
                         "compile": compile_.get("per_call_us"), "protocol": null.get("per_call_us") if null else None},
