@@ -91,3 +91,41 @@ def test_faster_than_memory_bandwidth_is_rejected() -> None:
     both = speed.judge(summary(40.0), summary(60.0), summary(60.0), summary(50.0), "cuda",
                        io_bytes=mb, bandwidth_gbps=4000.0)
     assert both.rejected is None and R.FLAG_OVER_BANDWIDTH in both.flags
+
+
+def batches(per_call_us: float, spread: float = 0.0) -> dict[str, Any]:
+    """`vouch.summary` of five batches, the fastest at `per_call_us`."""
+    return {"median_us": per_call_us * (1 + spread), "min_us": per_call_us, "max_us": per_call_us * (1 + 2 * spread),
+            "batches": 5, "calls": 100, "per_call_us": [per_call_us] * 5}
+
+
+def vouched_judge(c_dev: float, c_batch: float, e_dev: float, e_batch: float, device: str = "cuda",
+                  null: float = 400.0) -> speed.SpeedOutcome:
+    base = {"null": batches(null), "eager": batches(null + e_batch), "compile": batches(null + e_batch)}
+    eager = summary(e_dev, kernels={"at::native::vectorized_elementwise_kernel<...>": e_dev * 50})
+    return speed.judge(summary(c_dev), eager, eager, eager, device, vouched=batches(null + c_batch),
+                       vouched_base=base)
+
+
+def test_the_parents_batches_bound_the_in_process_device_time() -> None:
+    # A launch-bound GPU call (the axpby of the GPU suite on an H100): 10 us of device
+    # time in 40 us of host time per call, eager 25 us in 60. The parent's wall clock
+    # cannot see the difference; the in-process time stands.
+    honest = vouched_judge(10.0, 40.0, 25.0, 60.0)
+    assert R.FLAG_UNVOUCHED not in honest.flags and honest.speedup_vs_eager == 2.5, honest.details["vouched"]
+    # A call whose batches take 1000 us claims 10: the floor counts, not the claim.
+    forged = vouched_judge(10.0, 1000.0, 1100.0, 1100.0)
+    v = forged.details["vouched"]
+    assert R.FLAG_UNVOUCHED in forged.flags and v["in_process"]["speedup_vs_eager"] == 110.0, v
+    assert 800 < v["floor_us"] < 1000 and forged.speedup_vs_eager == v["speedup_vs_eager"] < 1.4, v
+    # The same call, honestly timed: within the band.
+    assert R.FLAG_UNVOUCHED not in vouched_judge(950.0, 1000.0, 1100.0, 1100.0).flags
+    # On the CPU there is no host allowance: even where the protocol (2000 us) costs far
+    # more than the call (300 us), a call claiming next to nothing is held to the floor.
+    cpu = vouched_judge(3.0, 300.0, 400.0, 400.0, device="cpu", null=2000.0)
+    assert R.FLAG_UNVOUCHED in cpu.flags and 0 < cpu.details["vouched"]["floor_us"] < 300, cpu.details["vouched"]
+    assert cpu.speedup_vs_eager < 10 and R.FLAG_UNVOUCHED not in vouched_judge(250.0, 300.0, 400.0, 400.0, "cpu",
+                                                                               2000.0).flags
+    # Without the parent's batches nothing is vouched for.
+    none = speed.judge(summary(10.0), EAGER, EAGER, COMPILE, "cuda")
+    assert R.FLAG_UNVOUCHED in none.flags

@@ -251,8 +251,8 @@ def not_won(res: R.EvalResult) -> None:
     if res.status == "ok":
         vouched = res.details["vouched"]
         assert R.FLAG_UNVOUCHED in res.flags, (res.message, vouched)
-        assert res.speedup_vs_eager == vouched["speedup_vs_eager"], vouched
-        assert res.speedup_vs_compile == vouched["speedup_vs_compile"], vouched
+        assert res.speedup_vs_eager <= vouched["speedup_vs_eager"], vouched
+        assert res.speedup_vs_compile <= vouched["speedup_vs_compile"], vouched
 
 
 def test_the_hostile_extension_computes_right_when_it_chooses_to(tmp_path: Path) -> None:
@@ -272,7 +272,7 @@ def test_a_forged_clock_counts_the_parents_time(tmp_path: Path) -> None:
     inside = res.details["vouched"]["in_process"]["speedup_vs_eager"]
     assert inside > 10, res.details["vouched"]  # what the forged clock claimed
     not_won(res)
-    assert res.speedup_vs_eager < inside / 3
+    assert res.speedup_vs_eager < inside / 3, res.details["vouched"]
 
 
 def test_work_skipped_when_a_timing_function_is_on_the_stack_fails(tmp_path: Path) -> None:

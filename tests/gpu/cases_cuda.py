@@ -129,6 +129,20 @@ LINEAR_RELU = {
     ),
 }
 
+def linear_relu_large_task(folder: Path) -> Path:
+    """76_Linear_ReLU at 2048 x 4096 -> 4096: about a millisecond of GEMM per call on an
+    H100, long beside its launch, and compute-bound (its traffic is far under what the
+    memory moves in that time)."""
+    text = LINEAR_RELU_TASK.read_text()
+    for old, new in (("batch_size = 32", "batch_size = 2048"), ("in_features = 256", "in_features = 4096"),
+                     ("out_features = 128", "out_features = 4096")):
+        assert old in text
+        text = text.replace(old, new)
+    path = folder / "linear_relu_large.py"
+    path.write_text(text)
+    return path
+
+
 SOFTMAX_TASK = TASKS / "23_Softmax.py"
 # KernelBench single-file format: one block per row, shared-memory reductions.
 SOFTMAX_SINGLE_FILE = '''import torch

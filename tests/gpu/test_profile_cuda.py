@@ -30,6 +30,10 @@ def prof(tmp_path: Path, task: Path, files: dict[str, str], **opts):  # type: ig
     for who in ("candidate", "baseline"):
         if res.details.get(f"{who}_measure_s"):
             print(f"  {who} timing spent (s): {res.details[f'{who}_measure_s']}")
+    if isinstance(res.details.get("vouched"), dict):
+        v = res.details["vouched"]
+        print(f"  vouched: in-process {v['in_process_us']} us, work {v['work_us']}, host allowance "
+              f"{v['host_allowance_us']}, floor {v['floor_us']}")
     if res.details.get("host_gap_us"):
         print(f"  host gap {res.details['host_gap_us']}  kinds {res.details.get('device_time_by_kind')}  "
               f"implied {res.details.get('implied_gbps')} GB/s")
@@ -51,6 +55,7 @@ def test_real_cuda_solutions_are_timed_and_rewarded(tmp_path: Path, task: Path, 
     res = prof(tmp_path, task, files)
     assert res.status == "ok" and res.correct, res.message
     assert res.reward >= 1.0 and R.FLAG_NOT_PROFILED not in res.flags
+    assert R.FLAG_UNVOUCHED not in res.flags, res.details["vouched"]  # the parent's batches agree
     for name in ("candidate", "eager", "compile"):
         t = res.times_us[name]
         assert 0 < t["min_us"] <= t["median_us"] <= t["max_us"] and t["iterations"] >= 10

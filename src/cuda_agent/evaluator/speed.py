@@ -23,12 +23,14 @@ on both sides, eager beside the candidate stands in for it (a noisier stand-in: 
 Those times come from inside the candidate's process, which its extension controls. The
 parent times its own batches of calls (`vouch`), against the same batches of eager and
 torch.compile in the trusted baseline process, with the protocol's own cost taken off
-both. An in-process speedup counts where it is within `VOUCH_BAND` of that vouched one;
-beyond it, the vouched speedup counts instead (flag `in-process-time-not-vouched`). A
-forged clock, a forged profile or work skipped only while profiled therefore gains at
-most the band. Where the two legitimately differ (a call bound by its launch on the
-host, whose device time is far below its time per call), the vouched figure is the one
-the parent can stand behind.
+both. The vouched time per call bounds the in-process device time from below (`_vouch`:
+less a band for the spread of batch times, and on the GPU less an allowance for the host
+time a call may take beyond its device time, sized by the baselines' own). An in-process
+time under that floor does not count: the parent's own speedup does (its vouched times
+of eager and torch.compile over the candidate's), and the record is flagged
+`in-process-time-not-vouched`. A forged clock, a forged profile or work skipped only
+while profiled therefore gains at most the band and the allowance; a call short enough
+to be bound by its launch is bounded by the memory bandwidth check instead.
 
 On CUDA, times are device time (profiler); the wall time beside it is the cross-check:
 work done on the host, in another thread or outside the profiled region shows up as a gap
@@ -58,14 +60,21 @@ TORCH_SHARE_REJECT = 0.5  # share of device time in PyTorch's own kernels that r
 TORCH_SHARE_FLAG = 0.1
 PROBE_BAND = 0.05  # the probe beside the candidate may be this much faster before speedups shrink
 BANDWIDTH_FACTOR = 1.5  # implied traffic above this many times the measured copy bandwidth rejects
-# how far above the vouched speedup an in-process one may be and still count: the spread of
-# the parent's batch times between processes (wider on a shared CPU)
+# How the parent's vouched time per call (`vouch.per_call_work_us`) bounds the in-process
+# device time from below:
+#   floor = (vouched - host allowance) / (1 + VOUCH_BAND + batch spreads + drift / vouched)
+# VOUCH_BAND: how far batch times move between processes (wider on a shared CPU).
 VOUCH_BAND = {"cuda": 0.10, "cpu": 0.20}
-# how much the protocol's own cost per call may differ between the baseline process (where
-# it is measured, maybe long ago) and the candidate's; as a share of the candidate's work
-# it widens the band, which on a small task (new inputs and a hash cost more than the
-# call) leaves the in-process figure to stand unless it is grossly beyond the parent's
+# drift = PROTOCOL_DRIFT * the protocol's cost per call (the null subject's): how much that
+# cost may differ between the baseline process (where it is measured, maybe long ago) and
+# the candidate's; on a small task, where new inputs and a hash cost more than the call,
+# it lowers the floor, never to zero.
 PROTOCOL_DRIFT = {"cuda": 0.05, "cpu": 0.20}
+# host allowance = factor * how far the baselines' vouched time per call exceeds their
+# device time, + slack: a GPU call bound by its launch on the host takes more wall time
+# than device time, which no wall clock outside the process can resolve; the bandwidth
+# check bounds such calls instead. On the CPU the call's time is the device time.
+HOST_ALLOWANCE = {"cuda": (2.0, 30.0), "cpu": (0.0, 0.0)}
 
 
 def kernel_kind(name: str) -> str:
@@ -100,9 +109,12 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.inf if a > 0 else 0.0
 
 
-def _vouch(out: SpeedOutcome, cand: dict[str, Any] | None, base: dict[str, Any] | None, scale: float,
-           device: str) -> None:
-    """Hold the in-process speedups to the parent's vouched ones (see the module text)."""
+def _vouch(out: SpeedOutcome, cand: dict[str, Any] | None, base: dict[str, Any] | None,
+           baseline_us: tuple[float, float], c_dev: float, wscale: float, device: str) -> None:
+    """Hold the in-process device time to the parent's vouched batches (see the module text).
+
+    `baseline_us`: the trusted eager and torch.compile device times per call; `c_dev`
+    the candidate's in-process one; `wscale` the baselines' rescaling of wall times."""
     from cuda_agent.evaluator.vouch import per_call_work_us
 
     if not cand or not base or "eager" not in base:
@@ -111,23 +123,25 @@ def _vouch(out: SpeedOutcome, cand: dict[str, Any] | None, base: dict[str, Any] 
         return
     null = base.get("null")
     compile_ = base.get("compile") or base["eager"]
-    (c, uc), (e, ue), (k, uk) = (per_call_work_us(x, null) for x in (cand, base["eager"], compile_))
-    v_e, v_k = _ratio(e * scale, c), _ratio(k * scale, c)
-    # the band: the spread of processes' batch times, widened by how uncertain the
-    # protocol-less differences are (a task whose work is small beside the protocol's)
-    protocol = PROTOCOL_DRIFT.get(device, 0.2) * (float(null["min_us"]) if null else 0.0) / c
-    band_e = VOUCH_BAND.get(device, 0.2) + uc + ue + protocol
-    band_k = VOUCH_BAND.get(device, 0.2) + uc + uk + protocol
+    (c, uc), (e, _), (k, _) = (per_call_work_us(x, null) for x in (cand, base["eager"], compile_))
+    b_e, b_k = baseline_us
+    factor, slack_us = HOST_ALLOWANCE.get(device, (0.0, 0.0))
+    host = factor * max(e - b_e, k - b_k, 0.0) + slack_us if factor else 0.0
+    drift = PROTOCOL_DRIFT.get(device, 0.2) * (float(null["min_us"]) if null else 0.0)
+    floor = max(c - host, 0.0) / (1 + VOUCH_BAND.get(device, 0.2) + uc + drift / c) if c > 0 else 0.0
+    v_e, v_k = round(_ratio(e * wscale, c), 4), round(_ratio(k * wscale, c), 4)
     out.details["vouched"] = {
         "per_call_us": {"candidate": cand.get("per_call_us"), "eager": base["eager"].get("per_call_us"),
                         "compile": compile_.get("per_call_us"), "protocol": null.get("per_call_us") if null else None},
         "work_us": {"candidate": round(c, 3), "eager": round(e, 3), "compile": round(k, 3)},
-        "calls_per_batch": cand.get("calls"), "speedup_vs_eager": round(v_e, 4),
-        "speedup_vs_compile": round(v_k, 4), "band": [round(band_e, 4), round(band_k, 4)],
+        "calls_per_batch": cand.get("calls"), "host_allowance_us": round(host, 3),
+        "floor_us": round(floor, 3), "in_process_us": round(c_dev, 3),
+        "speedup_vs_eager": v_e, "speedup_vs_compile": v_k,
         "in_process": {"speedup_vs_eager": out.speedup_vs_eager, "speedup_vs_compile": out.speedup_vs_compile}}
-    if out.speedup_vs_eager > v_e * (1 + band_e) or out.speedup_vs_compile > v_k * (1 + band_k):
+    if c_dev < floor:  # refuted: the parent's own figures count (never more than the claim)
         out.flags.append(R.FLAG_UNVOUCHED)
-        out.speedup_vs_eager, out.speedup_vs_compile = round(v_e, 4), round(v_k, 4)
+        out.speedup_vs_eager = min(out.speedup_vs_eager, v_e)
+        out.speedup_vs_compile = min(out.speedup_vs_compile, v_k)
 
 
 def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict[str, Any],
@@ -167,7 +181,7 @@ def judge(candidate: dict[str, Any], eager_now: dict[str, Any], base_eager: dict
     if probe_now and probe_base:
         out.details["probe_us"] = {"beside_candidate": _short(probe_now["device"]),
                                    "beside_baselines": _short(probe_base["device"])}
-    _vouch(out, vouched, vouched_base, wscale, device)
+    _vouch(out, vouched, vouched_base, (b_e_dev, b_c_dev), c_dev, wscale, device)
     if b_e_dev > 0 and e_dev > b_e_dev * (1 + drift_bound):
         out.flags.append(R.FLAG_EAGER_SLOWER)
     if max(candidate["device"].get("rel_ci", 0), base_compile["device"].get("rel_ci", 0)) > target_rel_ci:
