@@ -17,7 +17,10 @@ from cuda_agent.evaluator.protocol import BaselineLayout, BaselineReport, Baseli
 from cuda_agent.paths import short_hash
 from cuda_agent.tasks import Task
 
-BASELINE_SEEDS = [7001, 7002, 7003, 7004, 7005]  # baselines do not depend on an evaluation's seeds
+# baselines do not depend on an evaluation's seeds; they are timed on the same kinds of
+# inputs as the candidate (the task's, and the default distribution trials')
+BASELINE_DISTRIBUTIONS = EvalOptions().trial_distributions()
+BASELINE_SEEDS = [7001 + k for k in range(len(BASELINE_DISTRIBUTIONS))]
 
 
 def hash_protocol(p: timing.Protocol) -> int:
@@ -59,7 +62,8 @@ class BaselineRun:
             self.proc.deadline.set_in(timeout)
         BaselineSpec(base=str(self.layout.base), task_name=task.name, device=device, init_seed=0,
                      seeds=BASELINE_SEEDS, compile_mode=opts.compile_mode, threads=threads,
-                     protocol=dataclasses.asdict(opts.protocol), gate_timeout_s=timeout).write(self.layout.spec)
+                     protocol=dataclasses.asdict(opts.protocol), gate_timeout_s=timeout,
+                     distributions=BASELINE_DISTRIBUTIONS).write(self.layout.spec)
         if spare is None:
             self.proc = processes.baseline_proc(self.layout, opts, device, threads, timeout)
         self.thread = threading.Thread(target=self._wait, daemon=True)

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluator import child, timing, vouch  # they bind their clocks first
+from cuda_agent.evaluator import child, distributions, timing, vouch  # they bind their clocks first
 from cuda_agent.evaluator import protocol as P
 
 
@@ -68,12 +68,23 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         seed_all(spec.init_seed)
         eager = mod.Model(*init_inputs).eval().to(device)
         sets = []
-        for seed in spec.seeds:
-            phase = "get_inputs"
-            seed_all(seed)
-            inputs = mod.get_inputs()
-            inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-            sets.append(to_device(inputs, device))
+        first: Any = None
+        for seed, kind in zip(spec.seeds, spec.distributions or [distributions.TASK] * len(spec.seeds), strict=True):
+            phase = "get_inputs" if kind == distributions.TASK else f"get_inputs ({kind})"
+            inputs = to_device(distributions.make_inputs(mod.get_inputs, seed, kind), device)
+            if kind != distributions.TASK:
+                # timed on the same kinds of inputs as the candidate: those the task is defined on
+                try:
+                    with torch.no_grad():
+                        out = to_device(eager(*inputs), torch.device("cpu"), detach=True)
+                except Exception:
+                    continue
+                if first is None:
+                    with torch.no_grad():
+                        first = to_device(eager(*sets[0]), torch.device("cpu"), detach=True)
+                if distributions.usable(out, first):
+                    continue
+            sets.append(inputs)
         phase = "torch.compile"
         t_c = time.perf_counter()
         compiled: Any = None

@@ -268,17 +268,18 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             seed_all(spec.init_seed)
             eager = reference_model(*torch.load(run.init_inputs, weights_only=True)).eval().to(device)
             eager.load_state_dict(torch.load(run.state_dict, weights_only=True), strict=True)
-            sets = [to_device(torch.load(run.inputs(k), weights_only=True), device) for k in range(spec.trials)]
+            order = _timing_sets(run, spec.trials, time.monotonic() + spec.profile.gate_timeout_s)
+            sets = [to_device(torch.load(run.inputs(k), weights_only=True), device) for k in order]
             spent: dict[str, float] = {}
             res = timing.measure({"candidate": call, "eager": eager}, sets, device.type,
                                  timing.Protocol(**spec.profile.protocol), keep_outputs=["candidate"],
                                  spent_s=spent, probe=True, loose=["eager"])
-            for k, o in res["candidate"].outputs.items():
-                torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), run.timed_output(k))
+            for pos, o in res["candidate"].outputs.items():
+                torch.save(tree_map(o, lambda t: t.detach().to("cpu").clone()), run.timed_output(order[pos]))
             summaries = {name: m.summary() for name, m in res.items()}
             report.profile = P.ProfileReport(
                 candidate=summaries["candidate"], eager=summaries["eager"], probe=summaries.get(timing.PROBE),
-                timed_outputs=sorted(res["candidate"].outputs), threads=torch.get_num_threads(),
+                timed_outputs=sorted(order[pos] for pos in res["candidate"].outputs), threads=torch.get_num_threads(),
                 seconds=time.perf_counter() - t_p, measure_s=spent)
             watch.close("timing")
             report.write(run.candidate_report)
@@ -296,6 +297,17 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
     except BaseException as exc:
         return finish(error=P.ERROR_RUNTIME, phase="evaluator", message=f"{type(exc).__name__}: {exc}"[:3000],
                       traceback=traceback.format_exc(limit=8)[-3000:])
+
+
+def _timing_sets(run: P.RunLayout, trials: int, deadline: float) -> list[int]:
+    """The trials whose inputs the timed calls use, as the reference wrote them once its
+    outputs were computed (the parent checks them against the reference's own list)."""
+    while time.monotonic() < deadline and not (run.shared / P.FAILED).exists():
+        sets = P.TimingSets.read(run.timing_sets) if run.timing_sets.exists() else None
+        if sets is not None and sets.trials and all(0 <= k < trials for k in sets.trials):
+            return sets.trials
+        time.sleep(0.005)
+    return list(range(trials))
 
 
 def _guard(g: Any) -> list[str] | None:

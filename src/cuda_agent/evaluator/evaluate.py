@@ -64,6 +64,9 @@ class Evaluation:
         self.device = resolve_device(opts.device)
         self.drift_bound = opts.drift(self.device)
         self.init_seed, self.seeds = opts.trial_seeds()
+        self.kinds = opts.trial_distributions()  # each trial's input distribution
+        self.skipped: dict[str, str] = {}  # trials the reference could not judge (its report)
+        self.timing_sets: list[int] = []  # the trials whose inputs the timed calls use (its report)
         self.threads = opts.threads or usable_cores()
         self.files = RunLayout(processes.new_run_dir()).make()
         self.timings: dict[str, float] = {}
@@ -99,7 +102,9 @@ class Evaluation:
             status=v.status, message=v.message, rule=v.rule, correct=v.correct, trials_passed=v.trials_passed,
             reward=value, details=dict(v.details), flags=list(dict.fromkeys(v.flags)),
             task_id=self.task.id, task_name=self.task.name, device=self.device,
-            seeds=[self.init_seed, *self.seeds], trials=self.opts.trials,
+            seeds=[self.init_seed, *self.seeds], trials=len(self.seeds),
+            trial_inputs=[{"trial": k + 1, "seed": seed, "distribution": kind, "skipped": self.skipped.get(str(k), "")}
+                          for k, (seed, kind) in enumerate(zip(self.seeds, self.kinds, strict=True))],
             timings_s={k: round(t, 3) for k, t in self.timings.items()},
             solution_hash=self.solution.content_hash, solution_format=self.solution.format,
             sandboxed=self.opts.sandbox, reward_name=self.opts.reward_name, **fields)
@@ -157,7 +162,8 @@ class Evaluation:
         # for as long as the candidate may run.
         serve_s = self.opts.run_timeout_s * 3
         protocol.ReferenceSpec(work=str(f.work), task_name=self.task.name, device=self.device, seeds=self.seeds,
-                               init_seed=self.init_seed, serve_s=serve_s).write(f.reference_spec)
+                               init_seed=self.init_seed, serve_s=serve_s, distributions=self.kinds,
+                               atol=self.opts.atol, rtol=self.opts.rtol).write(f.reference_spec)
 
         def go() -> None:
             t0 = time.perf_counter()
@@ -245,7 +251,7 @@ class Evaluation:
         try:
             # the spec last: a spare's job starts when it appears (the candidate waits for the
             # driver's end of the pipes, `vouch.OPEN_WAIT_S`, should it come late)
-            CandidateSpec(work=str(f.work), device=self.device, trials=self.opts.trials, init_seed=self.init_seed,
+            CandidateSpec(work=str(f.work), device=self.device, trials=len(self.seeds), init_seed=self.init_seed,
                           format=self.solution.format, extensions=placed, threads=self.threads,
                           profile=profile, watch_so=watch_so).write(f.candidate_spec)
             run = self.run_process("candidate", timeout, f.progress.exists)
@@ -359,7 +365,7 @@ class Evaluation:
         if profile is None or self.baseline is None:
             return verdict.not_profiled(correct, self.baseline_error or "the candidate process was not given the device")
         self.timings["profile"] = profile.seconds
-        wrong = verdict.timed_outputs_verdict(profile, self.files, self.opts.trials, self.opts.atol, self.opts.rtol) \
+        wrong = verdict.timed_outputs_verdict(profile, self.files, self.timing_sets, self.opts.atol, self.opts.rtol) \
             or verdict.vouched_verdict(self.vouched, self.files, self.opts.atol, self.opts.rtol)
         if wrong is not None:
             wrong.trials_passed = correct.trials_passed
@@ -439,10 +445,11 @@ class Evaluation:
             self.finish_reference(ref_thread)
             self.mark("reference ended")
             reference = self.reference_outcome()
+            self.skipped, self.timing_sets = reference.skipped, reference.timing_sets
             report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
             v = verdict.correctness_verdict(cand["run"], report, protocol.Progress.read(self.files.progress, inside=self.files.work),
-                                            reference, self.files, self.opts.trials, self.opts.atol,
-                                            self.opts.rtol, self.opts.run_timeout_s)
+                                            reference, self.files, list(zip(self.seeds, self.kinds, strict=True)),
+                                            self.opts.atol, self.opts.rtol, self.opts.run_timeout_s)
             self.mark("outputs checked")
             if v.correct and self.opts.profile:
                 v = self.judge_speed(v, report)

@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuda_agent.evaluator import timing
+from cuda_agent.evaluator import distributions, timing
 
 
 @dataclass
@@ -15,7 +15,10 @@ class EvalOptions:
     device: str = "auto"  # "cuda" | "cpu" | "auto"
     atol: float = 1e-2
     rtol: float = 1e-2
-    trials: int = 5
+    trials: int = 5  # of the task's own get_inputs()
+    # trials besides, on other input distributions (`distributions`); 0 leaves the verdict to
+    # the task's own trials (flagged where those cannot tell a constant from the answer)
+    distribution_trials: int = 3
     seed: int | None = None  # None: fresh random seeds per evaluation (recorded in the result)
     sandbox: bool = True
     gpu_index: int = 0
@@ -54,11 +57,17 @@ class EvalOptions:
     early_spare: bool | None = None
 
     def trial_seeds(self) -> tuple[int, list[int]]:
-        """The init seed and one seed per trial: fixed from `seed`, else fresh random ones."""
+        """The init seed and one seed per trial (the task's, then the distribution trials'):
+        fixed from `seed`, else fresh random ones."""
+        n = self.trials + self.distribution_trials
         if self.seed is None:
             rng = random.SystemRandom()
-            return rng.randrange(2**31), [rng.randrange(2**31) for _ in range(self.trials)]
-        return self.seed, [self.seed + 1 + k for k in range(self.trials)]
+            return rng.randrange(2**31), [rng.randrange(2**31) for _ in range(n)]
+        return self.seed, [self.seed + 1 + k for k in range(n)]
+
+    def trial_distributions(self) -> list[str]:
+        """Each trial's input distribution, in the order of `trial_seeds`."""
+        return [distributions.TASK] * self.trials + distributions.plan(self.distribution_trials)
 
     def memory_limit_mb(self) -> int:
         if self.memory_mb is not None:

@@ -112,6 +112,7 @@ class RunLayout:
     cmd = _Under("gate-candidate", "cmd")  # FIFO: the parent's commands (see `vouch`)
     reply = _Under("gate-candidate", "reply")  # FIFO: the candidate's answers
     expect_request = _Under("private", "expect.json")
+    timing_sets = _Under("shared", "timing_sets.json")  # TimingSets, from the reference
 
     def inputs(self, k: int) -> Path:
         """Trial k's inputs (written by the reference)."""
@@ -283,6 +284,17 @@ class ReferenceSpec(Record):
     seeds: list[int]
     init_seed: int
     serve_s: float = 0.0  # how long it waits for an ExpectRequest after its trials
+    distributions: list[str] = field(default_factory=list)  # each trial's (distributions); [] = the task's
+    atol: float = 1e-2  # the tolerance, for `barely_varies`
+    rtol: float = 1e-2
+
+
+@dataclass
+class TimingSets(Record):
+    """The trials whose inputs the candidate's timed calls and vouched batches use, in
+    order: those the reference could judge (see `distributions.usable`)."""
+
+    trials: list[int]
 
 
 @dataclass
@@ -299,6 +311,9 @@ class ReferenceReport(Record):
     seconds: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)
     n_params: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)  # trial index -> why it is not judged
+    timing_sets: list[int] = field(default_factory=list)  # the trials whose inputs timed calls rotate through
+    barely_varies: bool = False  # the task's own trials' outputs are all within the tolerance of each other
     phase: str = ""  # where it failed
     error: str = ""
     traceback: str = ""
@@ -417,6 +432,7 @@ class BaselineSpec(Record):
     threads: int
     protocol: dict[str, Any]
     gate_timeout_s: float
+    distributions: list[str] = field(default_factory=list)  # each seed's (distributions); [] = the task's
 
 
 @dataclass

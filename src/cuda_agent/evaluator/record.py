@@ -28,6 +28,9 @@ FLAG_WIDE_CI = "timing-ci-above-target"
 FLAG_NOT_PROFILED = "not-profiled"
 FLAG_OVER_BANDWIDTH = "over-bandwidth-baselines-too"
 FLAG_UNVOUCHED = "in-process-time-not-vouched"  # speedups counted from the parent's own batches
+# the task's outputs hardly move across its own trials (a constant passes them): the
+# distribution trials decide; with none judged, the verdict says so
+FLAG_BARELY_VARIES = "outputs-barely-vary"
 
 
 @dataclass
@@ -46,6 +49,9 @@ class EvalResult:
     seeds: list[int] = field(default_factory=list)
     trials_passed: int = 0
     trials: int = 0
+    # every trial: {"trial", "seed", "distribution" ("" = the task's get_inputs()), "skipped"
+    # (why it was not judged, or "")}; `seeds` is [init seed, *each trial's]
+    trial_inputs: list[dict[str, Any]] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     solution_hash: str | None = None

@@ -1,9 +1,11 @@
 """Reference process: runs the task's `Model` alone, with no candidate code in it.
 
 `python -m cuda_agent.evaluator.reference SPEC.json` writes, for the candidate process,
-the init inputs, the reference state_dict and each trial's inputs (`shared/`), and
-keeps each trial's expected outputs where the candidate cannot see them (`private/`; see
-`protocol` for the files and records, `child` for the spare form). Because the reference
+the init inputs, the reference state_dict and each trial's inputs (`shared/`; the task's
+own trials and those on other distributions, see `distributions`), and keeps each
+trial's expected outputs where the candidate cannot see them (`private/`; see
+`protocol` for the files and records, `child` for the spare form). A distribution trial
+the task is not defined on is skipped, and the report says why. Because the reference
 never runs in the candidate's process, nothing the reference computed can be recovered
 from uninitialised memory there.
 """
@@ -16,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.evaluator import child
+from cuda_agent.evaluator import child, distributions
 from cuda_agent.evaluator import protocol as P
 
 
@@ -59,27 +61,48 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, run.state_dict)
         structures: list[Any] = []
         all_inputs = []
-        for k, seed in enumerate(spec.seeds):
-            phase = f"get_inputs (trial {k + 1})"
-            seed_all(seed)
-            inputs = _as_list(mod.get_inputs())
+        kinds = spec.distributions or [distributions.TASK] * len(spec.seeds)
+        for k, (seed, kind) in enumerate(zip(spec.seeds, kinds, strict=True)):
+            phase = f"get_inputs (trial {k + 1}{'' if kind == distributions.TASK else ', ' + kind})"
+            inputs = distributions.make_inputs(mod.get_inputs, seed, kind)
             _check_inputs(inputs, torch.Tensor)
             torch.save(inputs, run.inputs(k))
             all_inputs.append(inputs)
         P.write_marker(run.shared / P.READY)  # the candidate waits for this before its trials
         begin("inputs ready")
-        for k, inputs in enumerate(all_inputs):
+        skipped: dict[str, str] = {}
+        own: list[Any] = []  # the task's own trials' outputs
+        for k, (inputs, kind) in enumerate(zip(all_inputs, kinds, strict=True)):
             phase = begin(f"Model.forward (trial {k + 1})")
-            with torch.no_grad():
-                out = model(*to_device(inputs, device))
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            try:
+                with torch.no_grad():
+                    out = model(*to_device(inputs, device))
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                out = to_device(out, torch.device("cpu"), detach=True)
+            except Exception as exc:
+                if kind == distributions.TASK:
+                    raise
+                # the task is not defined there: the trial is not judged (and says why)
+                skipped[str(k)] = f"the reference raised {type(exc).__name__}: {str(exc)[:300]}"
+                structures.append(None)
+                continue
+            why = distributions.usable(out, own[0]) if kind != distributions.TASK and own else ""
             structures.append(describe(out))
-            torch.save(to_device(out, torch.device("cpu"), detach=True), run.expected(k))
+            if why:
+                skipped[str(k)] = why
+                continue
+            if kind == distributions.TASK:
+                own.append(out)
+            torch.save(out, run.expected(k))
+        sets = [k for k in range(len(all_inputs)) if str(k) not in skipped]
+        P.TimingSets(trials=sets).write(run.timing_sets)
         P.ReferenceReport(ok=True, structures=structures, seconds=time.perf_counter() - t0, phases_s=phases,
-                          n_params=sum(p.numel() for p in model.parameters())).write(run.reference_report)
+                          n_params=sum(p.numel() for p in model.parameters()), skipped=skipped, timing_sets=sets,
+                          barely_varies=distributions.barely_varies(own, spec.atol, spec.rtol)).write(
+                              run.reference_report)
         phase = "expected outputs of the vouched batches"
-        _serve(run, model, [to_device(x, device) for x in all_inputs], device, spec.serve_s)
+        _serve(run, model, [to_device(all_inputs[k], device) for k in sets], device, spec.serve_s)
         return 0
     except BaseException as exc:  # the task's own code failed: report it, whatever it was
         P.write_marker(run.shared / P.FAILED)

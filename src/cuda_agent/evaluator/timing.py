@@ -53,7 +53,7 @@ from typing import Any
 # Part of the baseline cache key: raised whenever a change makes times measured before it
 # incomparable, so cached baselines are measured again (what each version changed:
 # docs/design-log.md).
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 _perf_ns = time.perf_counter_ns  # bound before any candidate code is imported
 _rng = random.Random(os.urandom(16))  # private: not the global generators a candidate can seed
 # The profiler ranges around timed calls carry a name a candidate cannot know in advance,

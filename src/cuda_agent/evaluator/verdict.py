@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent import sandbox
-from cuda_agent.evaluator import record, rules, speed
+from cuda_agent.evaluator import distributions, record, rules, speed
 from cuda_agent.evaluator.baselines import Baseline
 from cuda_agent.evaluator.protocol import (
     CandidateReport,
@@ -60,10 +60,12 @@ def static_verdict(violations: Sequence[Any]) -> Verdict | None:
 
 
 def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, progress: Progress | None,
-                        reference: ReferenceReport, files: RunLayout, trials: int, atol: float, rtol: float,
-                        timeout_s: float) -> Verdict:
-    """The candidate process's trials against the reference's outputs."""
+                        reference: ReferenceReport, files: RunLayout, plan: list[tuple[int, str]], atol: float,
+                        rtol: float, timeout_s: float) -> Verdict:
+    """The candidate process's trials against the reference's outputs; `plan` is each
+    trial's (seed, input distribution)."""
     where = progress.where() if progress else "start-up"
+    trials = len(plan)
     if run.limit == sandbox.MEMORY:
         return Verdict(record.RUNTIME_ERROR, f"the candidate process {run.describe()} during {where}: it used "
                        "more memory than a sandboxed process may (EvalOptions.memory_mb); allocate what the "
@@ -88,25 +90,40 @@ def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, 
         return Verdict(status, report.message, rule=report.rule)
     passed = 0
     for k, trial in enumerate(report.trials):
-        failed = _trial_verdict(trial, k, trials, reference, files, atol, rtol)
+        if str(k) in reference.skipped:
+            continue  # the reference's task is not defined on these inputs (the record says so)
+        failed = _trial_verdict(trial, k, plan, reference, files, atol, rtol)
         if failed is not None:
             failed.trials_passed = passed
             return failed
         passed += 1
-    if not report.ok or passed != trials or not run.ok:
-        return Verdict(record.RUNTIME_ERROR, f"the candidate stopped after {passed} trials ({run.describe()}).",
-                       trials_passed=passed)
-    return Verdict(record.OK, f"correct on {passed} of {trials} trials (atol {atol:g}, rtol {rtol:g}).",
-                   trials_passed=passed)
+    judged = trials - len(reference.skipped)
+    if not report.ok or len(report.trials) != trials or not run.ok:
+        return Verdict(record.RUNTIME_ERROR, f"the candidate stopped after {len(report.trials)} of {trials} trials "
+                       f"({run.describe()}).", trials_passed=passed)
+    skipped = f", {len(reference.skipped)} skipped where the task's Model gives no finite answer" \
+        if reference.skipped else ""
+    message = f"correct on {passed} of {judged} trials{skipped} (atol {atol:g}, rtol {rtol:g})."
+    flags = []
+    if reference.barely_varies:
+        flags.append(record.FLAG_BARELY_VARIES)
+        kinds = [kind for k, (_, kind) in enumerate(plan) if kind != distributions.TASK and str(k) not in reference.skipped]
+        message += (" The task's outputs hardly change across its own trials; the trials on other input "
+                    f"distributions ({', '.join(kinds)}) decided." if kinds else " The task's outputs hardly "
+                    "change across its own trials and no trial on other inputs could be judged: a constant "
+                    "would have passed these trials, so read this verdict with care.")
+    return Verdict(record.OK, message, trials_passed=passed, flags=flags)
 
 
-def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: ReferenceReport, files: RunLayout,
-                   atol: float, rtol: float) -> Verdict | None:
+def _trial_verdict(trial: TrialReport, k: int, plan: list[tuple[int, str]], reference: ReferenceReport,
+                   files: RunLayout, atol: float, rtol: float) -> Verdict | None:
     """What is wrong with one trial (None: nothing)."""
 
     from cuda_agent.evaluator.compare import compare_devices, compare_outputs
 
-    label = f"trial {trial.trial} of {trials}"
+    seed, kind = plan[k] if k < len(plan) else (0, distributions.TASK)
+    label = f"trial {trial.trial} of {len(plan)}" + (
+        "" if kind == distributions.TASK else f" (inputs from {distributions.describe(kind)}, seed {seed})")
 
     def fail(status: str, message: str, rule: str | None = None, **details: Any) -> Verdict:
         return Verdict(status, f"{label}: {message}", rule=rule, details=details)
@@ -146,17 +163,18 @@ def _trial_verdict(trial: TrialReport, k: int, trials: int, reference: Reference
     return None
 
 
-def timed_outputs_verdict(profile: ProfileReport, files: RunLayout, trials: int, atol: float,
+def timed_outputs_verdict(profile: ProfileReport, files: RunLayout, timing_sets: list[int], atol: float,
                           rtol: float) -> Verdict | None:
-    """Timed calls must have computed the right answer, not replayed an earlier one."""
+    """Timed calls must have computed the right answer, not replayed an earlier one; one
+    is checked on each input set they rotated through (`timing_sets`: the reference's)."""
 
     from cuda_agent.evaluator.compare import compare_outputs
 
-    missing = sorted(set(range(trials)) - set(profile.timed_outputs))
+    missing = sorted(set(timing_sets) - set(profile.timed_outputs))
     if missing:
         return Verdict(record.INCORRECT, f"the check calls made while timing returned no output for trial "
                        f"{missing[0] + 1}'s inputs.", rule=rules.TIMED_OUTPUT)
-    for k in profile.timed_outputs:
+    for k in sorted(set(profile.timed_outputs) & set(timing_sets)):
         try:
             expected = _load(files, files.expected(k))
             got = _load(files, files.timed_output(k))
@@ -222,7 +240,7 @@ def watch_verdict(phases: dict[str, Any], v: Verdict) -> Verdict:
 def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, device: str, target_rel_ci: float,
                   drift_bound: float, io_bytes: int, vouched: dict[str, Any] | None = None) -> Verdict:
     """Speedups of a correct candidate against the baselines, or the rule its times break."""
-    flags: list[str] = []
+    flags: list[str] = list(correct.flags)
     compile_note = ""
     if base.extra.get("compile_error"):
         flags.append(record.FLAG_COMPILE_FAILED)
@@ -247,7 +265,7 @@ def speed_verdict(correct: Verdict, profile: ProfileReport, base: Baseline, devi
 
 def not_profiled(correct: Verdict, why: str) -> Verdict:
     return Verdict(record.OK, f"{correct.message} Not profiled: {why}.", trials_passed=correct.trials_passed,
-                   details=correct.details, flags=[record.FLAG_NOT_PROFILED])
+                   details=correct.details, flags=[*correct.flags, record.FLAG_NOT_PROFILED])
 
 
 def _mutated(before: Any, after: Any) -> str:
