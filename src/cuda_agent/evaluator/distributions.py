@@ -9,7 +9,9 @@ come from other distributions of the same shapes and dtypes (`redistribute`):
 
 - `scaled`: the task's values times a random factor in [1/4, 4] plus a random shift;
 - `normal`: a normal distribution of random location and scale;
-- `heavy-tailed`: Student's t with 3 degrees of freedom, of random location and scale.
+- `heavy-tailed`: Student's t with 3 degrees of freedom, at the task's location, 1 to 3
+  times its spread, with one value in about 4096 64 spreads further out (what a
+  kernel that reads a sample of its input misses).
 
 Each keeps the sign the task's values had: non-negative ones stay non-negative, non-positive
 ones non-positive, so a log or a square root keeps its argument; values in [0, 1] stay in
@@ -36,6 +38,7 @@ from typing import Any
 
 TASK = ""  # the task's own get_inputs()
 DISTRIBUTIONS = ("scaled", "normal", "heavy-tailed")
+SPIKE_EVERY, SPIKE_SIZE = 4096, 64.0  # the heavy-tailed trial's rare far values
 
 
 def plan(n: int) -> list[str]:
@@ -101,7 +104,7 @@ def _draw(x: Any, distribution: str, gen: Any) -> Any:
     import torch
 
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    v = x.detach().to("cpu", work)
+    v = x.detach().to("cpu", work, copy=True)  # (changed in place below)
     lo, hi = float(v.min()), float(v.max())
     sample = v.reshape(-1)[: 1 << 24].double()
     mean, std = float(sample.mean()), float(sample.std())
@@ -120,13 +123,21 @@ def _draw(x: Any, distribution: str, gen: Any) -> Any:
         return y
     del v, sample
     z = torch.randn(x.shape, generator=gen, dtype=work)
-    if distribution == "heavy-tailed":  # Student's t, 3 degrees of freedom, unit variance
+    if distribution == "heavy-tailed":
+        # Student's t, 3 degrees of freedom, unit variance; and one value in SPIKE_EVERY (on
+        # average) SPIKE_SIZE times further out: what one element in thousands carries
+        # decides the answer, so a kernel that reads part of its input is off
         chi2 = torch.zeros(x.shape, dtype=work)
         for _ in range(3):
             chi2.add_(torch.randn(x.shape, generator=gen, dtype=work).square_())
         z.div_(chi2.div_(3).sqrt_()).div_(math.sqrt(3.0))
-        del chi2
-    loc, scale = mean + shift, std * factor
+        spikes = torch.rand(x.shape, generator=gen, dtype=work) < 1.0 / SPIKE_EVERY
+        z.add_(spikes * z.sign() * SPIKE_SIZE)
+        del chi2, spikes
+    if distribution == "heavy-tailed":  # the task's location, a wider spread: the tail decides
+        loc, scale = mean, std * _uniform(gen, 1.0, 3.0)
+    else:
+        loc, scale = mean + shift, std * factor
     if lo >= 0:  # non-negative stays non-negative (a heavy upper tail)
         return z.abs_().mul_(scale).add_(abs(loc))
     if hi <= 0:
