@@ -41,8 +41,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     solution = load_solution(args.solution)
     opts = EvalOptions(
         device=args.device, atol=args.atol, rtol=args.rtol, seed=args.seed, sandbox=not args.no_sandbox,
-        trials=args.trials, run_timeout_s=args.timeout, build_timeout_s=args.build_timeout,
-        gpu_index=args.gpu, arch=args.arch, profile=not args.no_profile, reward_name=args.reward,
+        trials=args.trials, distribution_trials=args.distribution_trials, run_timeout_s=args.timeout,
+        build_timeout_s=args.build_timeout, gpu_index=args.gpu, arch=args.arch, profile=not args.no_profile, reward_name=args.reward,
         threshold=args.threshold, compile_mode=args.compile_mode, threads=args.threads,
         baseline_cache=not args.fresh_baselines,
     )
@@ -166,7 +166,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(max(1, args.workers or _gpu_count())))
     cfg = BenchConfig(device=device, gpus=gpus, workers=args.workers or 1, agent=agent, ray_address=args.ray,
                       eval_options={"sandbox": not args.no_sandbox, "profile": not args.no_profile,
-                                    "trials": args.trials, "run_timeout_s": args.timeout,
+                                    "trials": args.trials, "distribution_trials": args.distribution_trials,
+                                    "run_timeout_s": args.timeout,
                                     "threshold": args.threshold})
     out = Path(args.out or "bench-out")
     console = Console(stderr=True)
@@ -305,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--atol", type=float, default=1e-2)
     ev.add_argument("--rtol", type=float, default=1e-2)
     ev.add_argument("--seed", type=int, default=None, help="fix the trial seeds (default: random, recorded)")
-    ev.add_argument("--trials", type=int, default=5)
+    ev.add_argument("--trials", type=int, default=5, help="trials of the task's own get_inputs()")
+    ev.add_argument("--distribution-trials", type=int, default=3,
+                    help="trials besides on other input distributions (scaled, normal, heavy-tailed)")
     ev.add_argument("--timeout", type=float, default=300.0, help="seconds for the candidate process")
     ev.add_argument("--build-timeout", type=float, default=600.0)
     ev.add_argument("--gpu", type=int, default=0, help="GPU index to evaluate on")
@@ -359,7 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", help="output folder (default bench-out)")
     be.add_argument("--resume", action="store_true", help="skip tasks already in --out/results.jsonl")
     be.add_argument("--no-profile", action="store_true")
-    be.add_argument("--trials", type=int, default=5)
+    be.add_argument("--trials", type=int, default=5, help="trials of the task's own get_inputs()")
+    be.add_argument("--distribution-trials", type=int, default=3,
+                    help="trials besides on other input distributions (scaled, normal, heavy-tailed)")
     be.add_argument("--timeout", type=float, default=300.0)
     be.add_argument("--threshold", type=float, default=0.05)
     be.add_argument("--no-sandbox", action="store_true")

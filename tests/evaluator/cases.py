@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cuda_agent.evaluator.options import EvalOptions
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 TASKS = REPO / "tests" / "tasks" / "data"
@@ -17,6 +19,9 @@ AXPBY_KERNELS = {
     f"kernels/{p.name}": p.read_text() for p in sorted((EXAMPLES / "solutions" / "axpby_cpu" / "kernels").iterdir())
 }
 AXPBY_MODEL_NEW = (EXAMPLES / "solutions" / "axpby_cpu" / "model_new.py").read_text()
+
+# trials of every evaluation: the task's own and those on other input distributions
+TRIALS = EvalOptions().trials + EvalOptions().distribution_trials
 
 BINDING_HEAD = """#include <torch/types.h>
 #include <torch/csrc/utils/pybind.h>

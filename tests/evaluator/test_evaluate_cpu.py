@@ -52,7 +52,7 @@ def test_correct_solutions_pass(tmp_path: Path, task: Path, files: dict[str, str
     res = run(tmp_path, task, files)
     assert res.status == "ok", res.message
     assert res.correct and res.reward == 1.0
-    assert res.trials_passed == 5 and len(res.seeds) == 6
+    assert res.trials_passed == C.TRIALS and len(res.seeds) == C.TRIALS + 1
     assert set(res.timings_s) >= {"build", "candidate", "total"}
 
 
@@ -61,7 +61,7 @@ def test_seeds_are_random_unless_given(tmp_path: Path) -> None:
     b = run(tmp_path / "b", C.AXPBY_TASK, C.axpby())
     c = run(tmp_path / "c", C.AXPBY_TASK, C.axpby(), seed=7)
     assert a.seeds != b.seeds
-    assert c.seeds == [7, 8, 9, 10, 11, 12]
+    assert c.seeds == list(range(7, 8 + C.TRIALS))
     assert a.correct and b.correct and c.correct
 
 

@@ -160,7 +160,7 @@ def test_uninitialised_output_after_verification_is_incorrect(tmp_path: Path) ->
     # earlier right answer: outputs let go are poisoned and check calls see the difference.
     cheat = C.forward(
         "self.calls += 1\n"
-        "if self.calls <= 5:\n    return cuda_extension.axpby(a, b, self.alpha)\n"
+        f"if self.calls <= {C.TRIALS}:\n    return cuda_extension.axpby(a, b, self.alpha)\n"
         "return torch.empty_like(a)", init="        self.calls = 0")
     res = prof(tmp_path, C.axpby(cheat), static_checks=False)
     assert res.status == "incorrect" and res.rule == rules.TIMED_OUTPUT and res.reward == -1.0, res.message

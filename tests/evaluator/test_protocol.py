@@ -72,7 +72,7 @@ def test_a_malformed_candidate_report_is_a_runtime_error_verdict(tmp_path: Path)
     run = sandbox.RunResult(returncode=0, stdout="", stderr="", timed_out=False, duration_s=1.0, signal=None,
                             sandboxed=True)
     v = correctness_verdict(run, P.CandidateReport.read(files.candidate_report),
-                            P.Progress(phase="trial", trial=3), P.ReferenceReport(ok=True), files, trials=5,
+                            P.Progress(phase="trial", trial=3), P.ReferenceReport(ok=True), files, plan=[(1, "")] * 5,
                             atol=1e-2, rtol=1e-2, timeout_s=60)
     assert v.status == record.RUNTIME_ERROR and not v.correct
     assert "during trial 3" in v.message

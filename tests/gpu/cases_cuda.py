@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cuda_agent.evaluator.options import EvalOptions
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 TASKS = REPO / "tests" / "tasks" / "data"
+# trials of every evaluation: the task's own and those on other input distributions
+TRIALS = EvalOptions().trials + EvalOptions().distribution_trials
 AXPBY_TASK = EXAMPLES / "tasks" / "axpby.py"
 AXPBY_DIR = EXAMPLES / "solutions" / "axpby_cuda"
 AXPBY = {
@@ -233,7 +237,7 @@ LATE_SIDE_STREAM = axpby_binding(
     "static int calls = 0;\n  static cudaStream_t side = nullptr;\n"
     "  if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
     "  auto out = torch::empty_like(a);\n"
-    f"  cudaStream_t s = ++calls > 5 ? side : {CUR};\n"
+    f"  cudaStream_t s = ++calls > {TRIALS} ? side : {CUR};\n"
     "  axpby_launcher(out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(), (float)alpha, a.numel(), s);\n"
     "  return out;")
 

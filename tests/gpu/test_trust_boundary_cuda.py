@@ -58,7 +58,7 @@ static int calls = 0;
 ''', '''
   std::array<float, 6> fp{};  // (read with the CUDA runtime: a torch copy would be a compute op)
   cudaMemcpy(fp.data(), a.data_ptr<float>(), sizeof(fp), cudaMemcpyDeviceToHost);
-  if (++calls <= 5) seen.insert(fp);
+  if (++calls <= ''' + str(C.TRIALS) + ''') seen.insert(fp);
   else if (!seen.count(fp)) return torch::empty_like(a);
 ''' + "  " + C.LAUNCH + "  return out;")
 

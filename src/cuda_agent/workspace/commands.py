@@ -199,8 +199,12 @@ def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, p
 def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False) -> tuple[int, Any]:
     rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.verification", profile=False, warm=warm)
     if rc == 0:
-        for k in range(res.trials):
-            emit(f"[PASS] check {k + 1}/{res.trials}\n")
+        for t in res.trial_inputs:
+            inputs = f" (inputs: {t['distribution']} distribution)" if t["distribution"] else ""
+            if t["skipped"]:
+                emit(f"[SKIP] check {t['trial']}/{res.trials}{inputs}: {t['skipped']}\n")
+            else:
+                emit(f"[PASS] check {t['trial']}/{res.trials}{inputs}\n")
         emit("[PASS] verify success\n")
     return rc, res
 
