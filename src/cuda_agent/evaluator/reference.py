@@ -79,6 +79,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
                     out = model(*to_device(inputs, device))
                 if device.type == "cuda":
                     torch.cuda.synchronize()
+                structure = describe(out)  # (where the task's Model puts it)
                 out = to_device(out, torch.device("cpu"), detach=True)
             except Exception as exc:
                 if kind == distributions.TASK:
@@ -88,7 +89,7 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
                 structures.append(None)
                 continue
             why = distributions.usable(out, own[0]) if kind != distributions.TASK and own else ""
-            structures.append(describe(out))
+            structures.append(structure)
             if why:
                 skipped[str(k)] = why
                 continue
