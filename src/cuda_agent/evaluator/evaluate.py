@@ -170,8 +170,10 @@ class Evaluation:
             self.reference_run = self.run_process("reference", self.opts.run_timeout_s + serve_s,
                                                   (f.private / protocol.STARTED).exists)
             self.timings["reference"] = time.perf_counter() - t0
-            if not (f.shared / protocol.READY).exists():
-                protocol.write_marker(f.shared / protocol.FAILED)  # release a candidate waiting for inputs
+            if not (f.shared / protocol.READY).exists() or not f.timing_sets.exists():
+                # release a candidate waiting for its inputs, or for the timing sets (a
+                # reference killed after its inputs)
+                protocol.write_marker(f.shared / protocol.FAILED)
 
         th = threading.Thread(target=go, daemon=True)
         th.start()
