@@ -7,8 +7,9 @@ tensors is 1/6 to three digits), nor from a formula that reads a summary of the 
 besides the task's own trials, each evaluation runs trials whose floating-point inputs
 come from other distributions of the same shapes and dtypes (`redistribute`):
 
-- `scaled`: the task's values times a random factor in [1/4, 4] plus a random shift;
-- `normal`: a normal distribution of random location and scale;
+- `scaled`: the task's values scaled by a factor of 2 to 4 (up or down) and shifted by
+  0.5 to 1.5 of their spread; values in [0, 1] mapped into a random part of [0, 1];
+- `normal`: a normal distribution, its location and scale moved as in `scaled`;
 - `heavy-tailed`: Student's t with 3 degrees of freedom, at the task's location, 1 to 3
   times its spread, with one value in about 4096 64 spreads further out (what a
   kernel that reads a sample of its input misses).
@@ -21,7 +22,8 @@ are not floating point (indices, masks), hold one element, or hold only whole nu
 (labels stored as floats) keep the task's values, as do numbers that are not tensors.
 
 A distribution trial where the reference's output is not finite (where the task's own
-was), or where the reference raises, is skipped and recorded (`usable`).
+was), or where the reference raises, is skipped and recorded (`judged_output`, the one
+rule the reference and the baseline process apply).
 `barely_varies` says when a task's outputs across its own trials are all within the
 tolerance of each other: its verdicts then rest on the distribution trials. The data
 pipeline (`datagen.check`) drops such tasks with the same function.
@@ -134,8 +136,7 @@ def _draw(x: Any, distribution: str, gen: Any) -> Any:
         spikes = torch.rand(x.shape, generator=gen, dtype=work) < 1.0 / SPIKE_EVERY
         z.add_(spikes * z.sign() * SPIKE_SIZE)
         del chi2, spikes
-    if distribution == "heavy-tailed":  # the task's location, a wider spread: the tail decides
-        loc, scale = mean, std * _uniform(gen, 1.0, 3.0)
+        loc, scale = mean, std * _uniform(gen, 1.0, 3.0)  # the task's location, a wider spread
     else:
         loc, scale = mean + shift, std * factor
     if lo >= 0:  # non-negative stays non-negative (a heavy upper tail)
@@ -143,6 +144,23 @@ def _draw(x: Any, distribution: str, gen: Any) -> Any:
     if hi <= 0:
         return z.abs_().mul_(-scale).sub_(abs(loc))
     return z.mul_(scale).add_(loc)
+
+
+def judged_output(model: Any, inputs: list[Any], first: Any) -> tuple[Any, str]:
+    """The task's `model` on a distribution trial's `inputs` (where they are), and why that
+    trial cannot be judged ("" if it can): the model raised, or `usable` says no."""
+    import torch
+
+    from cuda_agent.evaluator.tensors import tensors
+
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+        if any(t.is_cuda for _, t in tensors(out)):
+            torch.cuda.synchronize()
+    except Exception as exc:
+        return None, f"the reference raised {type(exc).__name__}: {str(exc)[:300]}"
+    return out, usable(out, first)
 
 
 def usable(output: Any, first: Any) -> str:

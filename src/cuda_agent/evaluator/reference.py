@@ -74,25 +74,19 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
         own: list[Any] = []  # the task's own trials' outputs
         for k, (inputs, kind) in enumerate(zip(all_inputs, kinds, strict=True)):
             phase = begin(f"Model.forward (trial {k + 1})")
-            try:
+            if kind == distributions.TASK:
                 with torch.no_grad():
                     out = model(*to_device(inputs, device))
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                structure = describe(out)  # (where the task's Model puts it)
-                out = to_device(out, torch.device("cpu"), detach=True)
-            except Exception as exc:
-                if kind == distributions.TASK:
-                    raise
-                # the task is not defined there: the trial is not judged (and says why)
-                skipped[str(k)] = f"the reference raised {type(exc).__name__}: {str(exc)[:300]}"
-                structures.append(None)
-                continue
-            why = distributions.usable(out, own[0]) if kind != distributions.TASK and own else ""
-            structures.append(structure)
+                why = ""
+            else:  # the task may not be defined there: then the trial is not judged (and says why)
+                out, why = distributions.judged_output(model, to_device(inputs, device), own[0] if own else None)
+            structures.append(describe(out) if out is not None else None)  # (where the task's Model puts it)
             if why:
                 skipped[str(k)] = why
                 continue
+            out = to_device(out, torch.device("cpu"), detach=True)
             if kind == distributions.TASK:
                 own.append(out)
             torch.save(out, run.expected(k))
