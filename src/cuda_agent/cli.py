@@ -417,6 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     ws.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ws.add_argument("--force", action="store_true", help="refresh the locked files of an existing workspace")
     ws.set_defaults(func=cmd_workspace)
+
+    from cuda_agent.rl.cli import add_rl_parser
+
+    add_rl_parser(sub)
     return ap
 
 

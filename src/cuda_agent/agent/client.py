@@ -25,6 +25,10 @@ class ModelError(RuntimeError):
     """The model could not be reached or answered unusably, after the retries."""
 
 
+class ContextFull(ModelError):
+    """No room is left in the model's context for another turn (the episode ends there)."""
+
+
 @dataclass
 class ToolCall:
     id: str

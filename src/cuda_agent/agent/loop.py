@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.agent import trajectory as T
-from cuda_agent.agent.client import Completion, ModelClient, ModelError, estimate_tokens
-from cuda_agent.agent.service import EvalService
+from cuda_agent.agent.client import Completion, ContextFull, ModelClient, ModelError, estimate_tokens
+from cuda_agent.agent.service import EvalService, Runner
 from cuda_agent.agent.shell import ShellSession
 from cuda_agent.agent.tools import SCHEMAS, ToolError, Tools, parse_call
 from cuda_agent.files import atomic_write
@@ -70,6 +70,9 @@ class AgentConfig:
     tool_output_chars: int = 20_000
     keep_recent_messages: int = 8  # never elided
     elide_at: float = 0.85  # elide old tool outputs when the context is this full
+    # False: the history is append-only (RL trains on the tokens the model saw); a full
+    # context ends the episode instead
+    elide: bool = True
     score_every_build: bool = False  # profile each state that compiled
     final_evaluation: bool = True
     sandbox: bool = True
@@ -130,10 +133,17 @@ def task_prompt(task: Task, device: str) -> str:
             f"(locked); write model_new.py and kernels/.\n\n```python\n{task.code.rstrip()}\n```\n")
 
 
+def initial_messages(task: Task, device: str, skill: str) -> list[dict[str, Any]]:
+    """The conversation an episode starts from (also the RL dataset's prompt)."""
+    return [{"role": "system", "content": system_prompt(skill)},
+            {"role": "user", "content": task_prompt(task, device)}]
+
+
 class Episode:
     def __init__(self, task: Task, client: ModelClient, out_dir: Path, device: str, config: AgentConfig,
-                 progress: Progress | None = None, eval_lock: Any = None) -> None:
+                 progress: Progress | None = None, eval_lock: Any = None, runner: Runner | None = None) -> None:
         self.eval_lock = eval_lock
+        self.runner = runner
         self.task, self.client, self.device, self.cfg = task, client, device, config
         self.out = out_dir
         self.ws = out_dir / "workspace"
@@ -182,9 +192,8 @@ class Episode:
         self.writer.event("start", 0, task={"id": self.task.id, "name": self.task.name, "source": self.task.source,
                                             "code": self.task.code},
                           device=self.device, model=self.client.name, config=cfg, workspace=str(self.ws))
-        skill = (self.ws / "SKILL.md").read_text()
-        self._append({"role": "system", "content": system_prompt(skill)})
-        self._append({"role": "user", "content": task_prompt(self.task, self.device)})
+        for msg in initial_messages(self.task, self.device, (self.ws / "SKILL.md").read_text()):
+            self._append(msg)
         return True
 
     def _append(self, msg: dict[str, Any]) -> None:
@@ -267,6 +276,8 @@ class Episode:
         est = self._estimate()
         if est <= budget:
             return True
+        if not self.cfg.elide:
+            return est + 256 < self.cfg.context_tokens
         protected = max(2, len(self.messages) - self.cfg.keep_recent_messages)
         done: list[int] = []
         for i in range(2, protected):
@@ -293,8 +304,9 @@ class Episode:
         if not self._prepare(resume):
             return self._summary_from_file()
         control = _control_dir()
+        # evaluations elsewhere measure the baselines where they run, not here
         self.service = EvalService(self.ws, control, sandbox=self.cfg.sandbox, listener=self._on_command,
-                                   device_lock=self.eval_lock)
+                                   device_lock=self.eval_lock, runner=self.runner, prefetch=self.runner is None)
         self.service.start()
         locked = [(self.ws / name, str(self.ws / name)) for name in LOCKED if (self.ws / name).exists()]
         from cuda_agent.evaluator.processes import python_env
@@ -345,7 +357,7 @@ class Episode:
                                                            max_tokens=max(1, min(self.cfg.max_output_tokens, room)))
             except ModelError as exc:
                 self.writer.event("model", self.turn, error=str(exc))
-                return "model-error"
+                return "context-full" if isinstance(exc, ContextFull) else "model-error"
             self.writer.event("model", self.turn, prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
                               latency_s=round(c.latency_s, 4), finish_reason=c.finish_reason,
                               **({"reasoning": c.reasoning} if c.reasoning else {}))
@@ -397,7 +409,7 @@ class Episode:
             best_from=self.best["from"] if self.best else None, prompt_tokens=self.prompt_total,
             completion_tokens=self.completion_total, seconds=round(self.seconds_before + seconds, 3),
             task_id=self.task.id, task_name=self.task.name, model=self.client.name, out_dir=str(self.out),
-            final={k: final.get(k) for k in ("status", "reward", "message", "rule", "speedup_vs_eager",
+            final={k: final.get(k) for k in ("status", "correct", "reward", "message", "rule", "speedup_vs_eager",
                                               "speedup_vs_compile", "flags")} if final else None)
         self.writer.event("end", self.turn, **{k: v for k, v in s.to_dict().items() if k != "v"})
         atomic_write(self.out / "summary.json", json.dumps(s.to_dict(), indent=1))
@@ -412,9 +424,11 @@ class Episode:
 
 async def run_episode(task: Task, client: ModelClient, out_dir: str | Path, *, device: str = "cuda",
                       config: AgentConfig | None = None, resume: bool = False,
-                      progress: Progress | None = None, eval_lock: Any = None) -> EpisodeSummary:
+                      progress: Progress | None = None, eval_lock: Any = None,
+                      runner: Runner | None = None) -> EpisodeSummary:
     """Run (or resume) one episode of `client` on `task`; everything goes under `out_dir`.
     `eval_lock` (shared by episodes on one device) makes their verifications and timings
-    take turns on it."""
-    ep = Episode(task, client, Path(out_dir).resolve(), device, config or AgentConfig(), progress, eval_lock)
+    take turns on it; `runner` runs the workspace commands elsewhere (evaluation workers)."""
+    ep = Episode(task, client, Path(out_dir).resolve(), device, config or AgentConfig(), progress, eval_lock,
+                 runner)
     return await ep.run(resume=resume)

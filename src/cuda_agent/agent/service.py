@@ -33,6 +33,14 @@ from cuda_agent.workspace.commands import COMMANDS, run_command
 
 # (command, argv, exit code, output text, evaluator result or None)
 Listener = Callable[[str, list[str], int, str, Any], None]
+# runs one workspace command: (name, workspace, argv, emit, sandbox, warm) -> (exit code, result);
+# `run_command` here, or one that sends the solution to evaluation workers elsewhere
+Runner = Callable[[str, Path, list[str], Callable[[str], None], bool, bool], tuple[int, Any]]
+
+
+def local_runner(name: str, ws: Path, argv: list[str], emit: Callable[[str], None], sandbox: bool,
+                 warm: bool) -> tuple[int, Any]:
+    return run_command(name, ws, argv, emit, sandbox=sandbox, warm=warm)
 
 _MAX_REQUEST = 64 * 1024
 
@@ -40,8 +48,9 @@ _MAX_REQUEST = 64 * 1024
 class EvalService:
     def __init__(self, workspace: Path, control_dir: Path, *, sandbox: bool = True,
                  listener: Listener | None = None, device_lock: Any = None, warm: bool = True,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, runner: Runner | None = None) -> None:
         self.workspace = workspace
+        self.runner = runner or local_runner
         self.sandbox = sandbox
         # evaluations take spare processes started ahead and leave one (see evaluator.warm)
         self.warm = warm
@@ -157,8 +166,7 @@ class EvalService:
                 if name not in COMMANDS:
                     raise ValueError(f"unknown command {name!r}")
                 with self.device_lock if name != "compile" else contextlib.nullcontext():
-                    rc, result = run_command(name, self.workspace, argv, parts.append, sandbox=self.sandbox,
-                                           warm=self.warm)
+                    rc, result = self.runner(name, self.workspace, argv, parts.append, self.sandbox, self.warm)
             except (ValueError, SystemExit) as exc:  # usage errors (argparse)
                 rc, parts = 2, [*parts, f"{exc}\n"]
             except Exception as exc:  # the evaluator itself failed: say so, keep serving

@@ -61,6 +61,12 @@ def starter_model_new(task: Task) -> str:
     )
 
 
+def skill_text(task: Task, device: str) -> str:
+    """The SKILL.md a workspace of `task` on `device` gets (the agent's system prompt)."""
+    return (TEMPLATES / f"SKILL.{device}.md").read_text() + \
+        f"\n## Your task\n\nOptimize the model in model.py (task {task.name}).\n"
+
+
 def _lock(path: Path) -> None:
     if path.is_dir():
         for p in path.rglob("*"):
@@ -90,8 +96,7 @@ def create_workspace(task: Task, directory: str | Path, device: str = "cuda", *,
         shutil.copyfile(TEMPLATES / name, ws / name)
     shutil.copytree(TEMPLATES / "utils", ws / "utils", ignore=shutil.ignore_patterns("__pycache__"))
     os.chmod(ws / "utils" / "compile.sh", 0o755)
-    (ws / "SKILL.md").write_text((TEMPLATES / f"SKILL.{device}.md").read_text()
-                                 + f"\n## Your task\n\nOptimize the model in model.py (task {task.name}).\n")
+    (ws / "SKILL.md").write_text(skill_text(task, device))
     (ws / "kernels").mkdir(exist_ok=True)
     if not (ws / "model_new.py").exists():
         (ws / "model_new.py").write_text(starter_model_new(task))
@@ -104,6 +109,21 @@ def create_workspace(task: Task, directory: str | Path, device: str = "cuda", *,
         "path": str(ws.resolve()),
     }))
     return ws
+
+
+def remove_workspace(directory: str | Path) -> None:
+    """Delete a workspace (its locked files too) and its trusted record; never raises."""
+    ws = Path(directory).resolve()
+    rec = _record_dir(ws)
+    if ws.exists():
+        for p in [ws, *ws.rglob("*")]:
+            if p.is_dir() and not p.is_symlink():
+                try:
+                    p.chmod(0o755)
+                except OSError:
+                    pass
+        shutil.rmtree(ws, ignore_errors=True)
+    shutil.rmtree(rec, ignore_errors=True)
 
 
 def load_record(directory: str | Path) -> WorkspaceRecord:
