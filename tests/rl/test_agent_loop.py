@@ -16,8 +16,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
 from cuda_agent.agent.client import ModelError
+from cuda_agent.rl import scripted
 from cuda_agent.rl.token_client import TokenClient, parse_tool_calls
-from . import scripted
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = (REPO / "examples" / "tasks" / "axpby.py").read_text()

@@ -12,6 +12,7 @@ Registered for verl by `agent_loops.yaml` (name `cuda_agent`).
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import uuid
@@ -23,11 +24,13 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from cuda_agent.agent import trajectory as T
 from cuda_agent.agent.loop import AgentConfig, EpisodeSummary, run_episode
 from cuda_agent.evaluator.reward import Speedups, reward
+from cuda_agent.files import atomic_write
 from cuda_agent.rl.settings import RLSettings
 from cuda_agent.rl.token_client import TokenClient
 from cuda_agent.tasks import task_from_code
 from cuda_agent.workspace import remove_workspace
 
+TOKENS_FILE = "tokens.json"  # beside trajectory.jsonl: the episode's exact token ids and mask
 # every episode reports these (verl batches them by the first episode's keys)
 METRIC_KEYS = ("turns", "tool_calls", "malformed_calls", "compiles", "compiles_ok", "verifications",
                "profilings", "correct", "speedup_vs_eager", "speedup_vs_compile", "context_full")
@@ -123,6 +126,10 @@ class CudaAgentLoop(AgentLoopBase):
             if not keep:
                 shutil.rmtree(out, ignore_errors=True)
         traj = client.trajectory()
+        if keep:  # the exact tokens, for the RFT set (cuda-agent rl rft-filter)
+            atomic_write(out / TOKENS_FILE, json.dumps(
+                {"v": 1, "prompt_ids": traj.prompt_ids, "response_ids": traj.response_ids,
+                 "response_mask": traj.response_mask, "reward": episode_reward(summary, self.settings.reward)}))
         if not traj.response_ids:
             raise ValueError(f"the episode of {task.name} ended before the model produced a token "
                              f"({summary.reason}); nothing to train on")

@@ -62,16 +62,18 @@ def _forward(name: str, argv: list[str] | None) -> int | None:
 
 
 def run_command(name: str, ws: Path, argv: list[str], emit: Emit, *, sandbox: bool = True,
-                warm: bool = False) -> tuple[int, Any]:
+                warm: bool = False, gpu_index: int | None = None) -> tuple[int, Any]:
     """Run one workspace command on `ws`; its text goes to `emit`. Returns the exit code
     and what the evaluator returned (a BuildResult or EvalResult, None on a usage error).
-    `warm`: evaluations use and leave spare processes (a long-lived caller, the service)."""
+    `warm`: evaluations use and leave spare processes (a long-lived caller, the service);
+    `gpu_index`: the GPU that verifies and times (default 0)."""
     if name not in COMMANDS:
         emit(f"unknown command {name!r}; the workspace commands are {', '.join(COMMANDS)}\n")
         return 2, None
     if name == "compile":
         return _compile(ws, argv, emit, sandbox)
-    return {"verification": _verification, "profiling": _profiling}[name](ws, argv, emit, sandbox, warm)
+    return {"verification": _verification, "profiling": _profiling}[name](ws, argv, emit, sandbox, warm,
+                                                                         gpu_index)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,10 +119,13 @@ def _compile(ws: Path, argv: list[str], emit: Emit, sandbox: bool) -> tuple[int,
     return 0, res
 
 
-def _options(rec: Any, ws: Path, sandbox: bool, profile: bool, warm: bool, seed: int | None = None) -> Any:
+def _options(rec: Any, ws: Path, sandbox: bool, profile: bool, warm: bool, seed: int | None = None,
+             gpu_index: int | None = None) -> Any:
     from cuda_agent.evaluator.evaluate import EvalOptions
 
-    return EvalOptions(device=rec.device, seed=seed, sandbox=sandbox, build_key=str(ws), profile=profile, warm=warm)
+    gpu = {} if gpu_index is None or rec.device != "cuda" else {"gpu_index": gpu_index}
+    return EvalOptions(device=rec.device, seed=seed, sandbox=sandbox, build_key=str(ws), profile=profile, warm=warm,
+                       **gpu)
 
 
 def prefetch(ws: Path, *, sandbox: bool = True, warm: bool = False, device_lock: Any = None) -> dict[str, Any]:
@@ -172,7 +177,7 @@ def prefetch(ws: Path, *, sandbox: bool = True, warm: bool = False, device_lock:
 
 
 def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, profile: bool,
-              warm: bool = False) -> tuple[int, Any]:
+              warm: bool = False, gpu_index: int | None = None) -> tuple[int, Any]:
     from cuda_agent.evaluator.evaluate import evaluate
     from cuda_agent.evaluator.solution import SolutionError, load_solution
     from cuda_agent.sandbox import SandboxUnavailable
@@ -185,7 +190,7 @@ def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, p
     try:
         rec = load_record(ws)
         sol = load_solution(ws)
-        res = evaluate(rec.task, sol, _options(rec, ws, sandbox, profile, warm, args.seed))
+        res = evaluate(rec.task, sol, _options(rec, ws, sandbox, profile, warm, args.seed, gpu_index))
     except (WorkspaceError, SolutionError, TaskError, SandboxUnavailable) as exc:
         emit(f"[FAIL] {exc}\n")
         return 1, None
@@ -196,8 +201,10 @@ def _evaluate(ws: Path, argv: list[str], emit: Emit, sandbox: bool, prog: str, p
     return 0, res
 
 
-def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False) -> tuple[int, Any]:
-    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.verification", profile=False, warm=warm)
+def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False,
+                  gpu_index: int | None = None) -> tuple[int, Any]:
+    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.verification", profile=False, warm=warm,
+                        gpu_index=gpu_index)
     if rc == 0:
         for t in res.trial_inputs:
             inputs = f" (inputs: {t['distribution']} distribution)" if t["distribution"] else ""
@@ -209,9 +216,11 @@ def _verification(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bo
     return rc, res
 
 
-def _profiling(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False) -> tuple[int, Any]:
+def _profiling(ws: Path, argv: list[str], emit: Emit, sandbox: bool, warm: bool = False,
+               gpu_index: int | None = None) -> tuple[int, Any]:
     """Verify, then time the solution against eager PyTorch and torch.compile."""
-    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.profiling", profile=True, warm=warm)
+    rc, res = _evaluate(ws, argv, emit, sandbox, "python3 -m utils.profiling", profile=True, warm=warm,
+                        gpu_index=gpu_index)
     if rc != 0:
         return rc, res
     unit = "device time" if res.device == "cuda" else "time"

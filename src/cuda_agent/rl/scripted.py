@@ -1,4 +1,6 @@
-"""Test doubles speaking verl's token-server protocol, and the worker verl hosts loops in."""
+"""Doubles speaking verl's protocols, for tests and demos: a token server that plays back
+scripted model texts, and an `AgentLoopWorker` made the way verl's CPU tests make one
+(no Ray, no model), with our loops registered from `agent_loops.yaml`."""
 
 from __future__ import annotations
 

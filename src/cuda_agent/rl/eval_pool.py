@@ -1,0 +1,212 @@
+"""Rewards away from the training GPUs: an episode's workspace commands on Ray evaluation actors.
+
+The training nodes hold the actor, the critic and the inference servers; kernels are
+verified and timed on evaluation nodes, started with a custom resource:
+
+    ray start --address=HEAD:6379 --num-gpus=0 --resources='{"kernel_eval_gpu": 8}'  # an 8-GPU eval node
+
+(`--num-gpus=0`: verl's training workers must not be placed on an evaluation node.)
+
+One `EvalWorker` actor per unit of that resource. On its node each worker claims one GPU
+(the lowest free device index, by a lock file) and keeps it for its life, so two workers
+never time on one GPU; its evaluations are the usual sandboxed evaluator processes, warm
+spares and the node's baseline and build caches included (put `CUDA_AGENT_CACHE` on
+storage all evaluation nodes share to share them across nodes). Builds go to the same
+workers: one request carries the solution's files, so a compile and the verification that
+follows find the same content-hashed build.
+
+An episode's `EvalService` gets `ray_runner(settings)` as its runner: a command reads the
+solution files from the workspace, sends them with the trusted task record to the next
+free worker, and hands back the text and the result record, as the local runner would. A
+worker that dies mid-request (a candidate that took its node's process down, the node
+lost) is restarted by Ray; the request is retried once on another worker, then reported
+as an evaluator error, and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.rl.settings import EvalPoolSettings
+
+KEEP_WORKSPACES = 64  # a worker keeps this many episodes' workspaces (incremental builds)
+_SLOT_DIR = Path(tempfile.gettempdir()) / "cuda-agent-eval-gpus"
+
+
+def _claim_gpu() -> tuple[int, Any]:
+    """The lowest GPU index of this node no other worker holds, and its held lock."""
+    n = len([p for p in glob.glob("/dev/nvidia[0-9]*") if os.path.basename(p)[6:].isdigit()])
+    _SLOT_DIR.mkdir(parents=True, exist_ok=True)
+    for k in range(max(n, 1)):
+        fh = open(_SLOT_DIR / f"gpu-{k}.lock", "a")  # noqa: SIM115 (held for the worker's life)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return k, fh
+        except BlockingIOError:
+            fh.close()
+    raise RuntimeError(f"every GPU of this node ({n}) is held by another evaluation worker: start the node "
+                       "with no more units of the evaluation resource than it has GPUs")
+
+
+class EvalWorker:
+    """Evaluates workspace commands sent as requests (see `request`); a Ray actor's class."""
+
+    def __init__(self, sandbox: bool = True) -> None:
+        self.sandbox = sandbox
+        self.root = Path(tempfile.mkdtemp(prefix="cuda-agent-eval-"))
+        self.workspaces: OrderedDict[str, Path] = OrderedDict()
+        self.gpu: int | None = None
+        self._gpu_lock: Any = None
+        self._lock = threading.Lock()
+        self.commands: dict[str, int] = {}
+
+    def stats(self) -> dict[str, Any]:
+        """Commands run so far by name, and the GPU held."""
+        return {"commands": dict(self.commands), "gpu": self.gpu, "pid": os.getpid()}
+
+    def _workspace(self, req: dict[str, Any]) -> Path:
+        from cuda_agent.tasks import task_from_code
+        from cuda_agent.workspace import create_workspace, remove_workspace
+
+        key = str(req["episode"])
+        ws = self.workspaces.get(key)
+        if ws is None:
+            t = req["task"]
+            ws = create_workspace(task_from_code(t["code"], name=t["name"], source=t["source"]),
+                                  self.root / f"ws-{len(self.workspaces)}-{os.getpid()}-{key[:16]}", req["device"])
+            self.workspaces[key] = ws
+            while len(self.workspaces) > KEEP_WORKSPACES:
+                remove_workspace(self.workspaces.popitem(last=False)[1])
+        self.workspaces.move_to_end(key)
+        # the episode's solution files exactly: stale kernels removed, the rest rewritten
+        kernels = ws / "kernels"
+        shutil.rmtree(kernels, ignore_errors=True)
+        kernels.mkdir()
+        for rel, text in req["files"].items():
+            if rel != "model_new.py" and not rel.startswith("kernels/"):
+                continue
+            dest = (ws / rel).resolve()
+            if ws.resolve() not in dest.parents:
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text)
+        return ws
+
+    def run(self, req: dict[str, Any]) -> dict[str, Any]:
+        from cuda_agent.workspace.commands import run_command
+
+        with self._lock:  # one evaluation at a time: the GPU is this worker's alone
+            if req["device"] == "cuda" and self.gpu is None:
+                self.gpu, self._gpu_lock = _claim_gpu()
+            ws = self._workspace(req)
+            parts: list[str] = []
+            self.commands[req["command"]] = self.commands.get(req["command"], 0) + 1
+            rc, result = run_command(req["command"], ws, list(req["argv"]), parts.append, sandbox=self.sandbox,
+                                     warm=True, gpu_index=self.gpu)
+        rec = result.to_dict() if hasattr(result, "to_dict") and hasattr(result, "correct") else None
+        return {"rc": rc, "output": "".join(parts), "result": rec, "gpu": self.gpu, "node": os.uname().nodename}
+
+
+def request(ws: Path, episode: str, name: str, argv: list[str]) -> dict[str, Any]:
+    """What a worker needs to run `name` on workspace `ws`: the trusted task record and the
+    solution's files (read as the evaluator reads them: bounded, no links followed)."""
+    from cuda_agent.evaluator.solution import load_solution
+    from cuda_agent.workspace import load_record
+
+    rec = load_record(ws)
+    files = load_solution(ws).files
+    return {"episode": episode, "command": name, "argv": list(argv), "device": rec.device, "files": files,
+            "task": {"code": rec.task.code, "name": rec.task.name, "source": rec.task.source}}
+
+
+class RayPool:
+    """Actors holding the evaluation resource, used round-robin by whoever is free first."""
+
+    def __init__(self, settings: EvalPoolSettings, sandbox: bool = True) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True,
+                     include_dashboard=False, log_to_driver=False)
+        have = int(ray.cluster_resources().get(settings.resource, 0))
+        n = settings.workers or have
+        if n < 1:
+            raise ValueError(f"the Ray cluster has no {settings.resource!r} resource: start the evaluation nodes "
+                             f"with ray start --resources='{{\"{settings.resource}\": GPUS}}'")
+        cls = ray.remote(num_cpus=1, resources={settings.resource: 1}, max_restarts=-1,
+                         max_task_retries=0)(EvalWorker)
+        self.actors = [cls.remote(sandbox) for _ in range(n)]
+        self._free = threading.Semaphore(n)
+        self._idle = list(range(n))
+        self._guard = threading.Lock()
+
+    def _take(self) -> int:
+        self._free.acquire()
+        with self._guard:
+            return self._idle.pop(0)
+
+    def _give(self, k: int) -> None:
+        with self._guard:
+            self._idle.append(k)
+        self._free.release()
+
+    def run(self, req: dict[str, Any]) -> dict[str, Any]:
+        import ray
+
+        err: Exception | None = None
+        for _ in range(2):
+            k = self._take()
+            try:
+                return ray.get(self.actors[k].run.remote(req))
+            except ray.exceptions.RayError as exc:  # the worker died mid-request; Ray restarts it
+                err = exc
+            finally:
+                self._give(k)
+        raise RuntimeError(f"the evaluation worker died twice running this command ({type(err).__name__}: "
+                           f"{str(err)[:300]})")
+
+
+_POOLS: dict[tuple[str, int, bool], RayPool] = {}
+_POOLS_LOCK = threading.Lock()
+_episodes = itertools.count()
+
+
+def ray_pool(settings: EvalPoolSettings, sandbox: bool = True) -> RayPool:
+    """One pool per process and settings (every episode of an agent-loop worker shares it)."""
+    key = (settings.resource, settings.workers, sandbox)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = RayPool(settings, sandbox)
+        return _POOLS[key]
+
+
+def ray_runner(settings: EvalPoolSettings, sandbox: bool = True) -> Any:
+    """A runner for `EvalService` (see `agent.service.Runner`) sending commands to the pool."""
+    from cuda_agent.evaluator.record import EvalResult
+    from cuda_agent.evaluator.solution import SolutionError
+    from cuda_agent.workspace import WorkspaceError
+
+    pool = ray_pool(settings, sandbox)
+    episodes: dict[str, str] = {}
+
+    def run(name: str, ws: Path, argv: list[str], emit: Any, sandbox_: bool, warm: bool) -> tuple[int, Any]:
+        episode = episodes.setdefault(str(ws), f"{os.getpid()}-{next(_episodes)}")
+        try:
+            req = request(ws, episode, name, argv)
+        except (SolutionError, WorkspaceError) as exc:
+            emit(f"[FAIL] {exc}\n")
+            return 1, None
+        reply = pool.run(req)
+        emit(reply["output"])
+        return int(reply["rc"]), EvalResult.from_dict(reply["result"]) if reply["result"] else None
+
+    return run
