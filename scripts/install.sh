@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs cuda-agent with its test tools. The CPU build of torch is installed first so
+# Installs cuda-agent with its test tools and the RL extra (verl). The CPU build of torch is installed first so
 # that pip never resolves torch to a multi-GB CUDA build; on a machine that already has
 # a CUDA torch in the range, that one is kept.
 set -euo pipefail
@@ -9,5 +9,5 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   # Set TORCH_INDEX_URL to PyTorch's CPU wheel index to keep a GPU-less machine small.
   "$PY" -m pip install --quiet "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-"$PY" -m pip install --quiet -e ".[test]"
+"$PY" -m pip install --quiet -e ".[test,rl]"
 "$PY" -c "import cuda_agent.sandbox as s; ok, why = s.sandbox_available(); print('sandbox:', 'bubblewrap works' if ok else why)"
