@@ -81,3 +81,18 @@ def test_an_episode_in_a_ray_actor_evaluated_by_the_ray_pool_matches_the_local_p
     assert len(remote["workers"]) == 2 and done == {"compile": 1, "verification": 1, "profiling": 1}, remote
     summary = json.loads((Path(remote["dir"]) / "summary.json").read_text())
     assert summary["final"]["correct"] and not (Path(remote["dir"]) / "workspace").exists()
+
+
+def test_the_single_turn_reward_on_the_pool_rescored_for_the_ablation(local_ray: Any) -> None:
+    from cuda_agent.rl.reward import compute_score
+
+    from .test_data import RELU_INFO, relu_solution, response
+
+    score = compute_score("ops6k/torch", response(relu_solution("relu_fwd")), RELU_INFO["task_id"],
+                          dict(RELU_INFO), reward_name="speedup", eval_pool=True)
+    assert score["status"] == "ok" and score["acc"] == 1.0, score
+    # profiled on the pool, and the reward is the raw speedup over torch.compile
+    assert score["speedup_vs_compile"] and score["score"] == score["speedup_vs_compile"]
+    wrong = compute_score("ops6k/torch", response(relu_solution("relu_wrong")), RELU_INFO["task_id"],
+                          dict(RELU_INFO), reward_name="speedup", eval_pool=True)
+    assert wrong["score"] == -1.0 and wrong["status"] == "incorrect", wrong

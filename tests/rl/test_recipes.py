@@ -103,8 +103,10 @@ def test_single_turn_stages_use_verls_loop_and_our_reward(launches: dict[str, La
     reward = cfg.reward.custom_reward_function
     assert Path(reward.path).parts[-3:] == ("cuda_agent", "rl", "reward.py")
     assert reward.name == "compute_score"
+    # the kernels go to the evaluation nodes' pool (--eval-gpus 4), not to verl's reward workers' GPUs
     assert OmegaConf.to_container(reward.reward_kwargs, resolve=True) == {
-        "reward_name": "milestone", "sandbox": True}
+        "reward_name": "milestone", "sandbox": True, "eval_pool": True, "eval_resource": "kernel_eval_gpu",
+        "eval_workers": 4}
     assert cfg.critic.model.path == MODEL
     assert cfg.data.train_files.endswith("/single_turn/train.parquet")
 

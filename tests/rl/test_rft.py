@@ -34,22 +34,26 @@ def bash(command: str) -> Call:
     return ("bash", {"command": command})
 
 
-def write_episode(folder: Path, turns: list[tuple[str | None, list[Call]]], *, reward: float | None = 1.0,
-                  reason: str = "finish", summary_reward: float | None = None, ended: bool = True,
-                  malformed_turn: int | None = None, elide: bool = False, resume_dropped: int | None = None,
-                  tokens: dict[str, Any] | str | None = None, summary_turns: int | None = None) -> Path:
+def write_episode(folder: Path, turns: list[tuple[str | None, list[Call]]], *,
+                  reward: float | None = 1.0, reason: str = "finish",
+                  summary_reward: float | None = None, ended: bool = True,
+                  malformed_turn: int | None = None, elide: bool = False,
+                  resume_dropped: int | None = None,
+                  tokens: dict[str, Any] | str | None = None) -> Path:
     """An episode folder as `agent.loop` writes one (through its own trajectory writer):
     start, the two first messages, per turn a model event, the assistant message and each
     call's tool event and tool message; then the final evaluation, end and summary.json.
     `reward` None: no final evaluation (the summary's reward counts)."""
     folder.mkdir(parents=True)
     w = TrajectoryWriter(folder / "trajectory.jsonl")
-    w.event("start", 0, task={"id": "t-" + folder.name, "name": folder.name, "source": "x.py", "code": TASK},
-            device="cpu", model="m", config={}, workspace=str(folder / "workspace"))
+    task = {"id": "t-" + folder.name, "name": folder.name, "source": "x.py", "code": TASK}
+    w.event("start", 0, task=task, device="cpu", model="m", config={},
+            workspace=str(folder / "workspace"))
     w.event("message", 0, message={"role": "system", "content": "You write kernels."})
     w.event("message", 0, message={"role": "user", "content": "Task `axpby`: make it faster."})
     for n, (text, calls) in enumerate(turns, start=1):
-        w.event("model", n, prompt_tokens=100 * n, completion_tokens=10, latency_s=0.1, finish_reason="stop")
+        w.event("model", n, prompt_tokens=100 * n, completion_tokens=10, latency_s=0.1,
+                finish_reason="stop")
         msg: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
             msg["tool_calls"] = [{"id": f"call_{n}_{j}", "type": "function",
@@ -68,21 +72,24 @@ def write_episode(folder: Path, turns: list[tuple[str | None, list[Call]]], *, r
             w.event("resume", n, dropped=resume_dropped, seconds_before=1.0)
     final = None
     if reward is not None:
-        final = {"status": "ok" if reward > 0 else "rejected", "correct": reward > 0, "reward": reward,
-                 "message": "", "rule": None, "speedup_vs_eager": 1.1, "speedup_vs_compile": 1.05, "flags": []}
-        w.event("evaluation", len(turns), command="profiling", argv=[], rc=0, source="final", result=final,
-                output="")
+        final = {"status": "ok" if reward > 0 else "rejected", "correct": reward > 0,
+                 "reward": reward, "message": "", "rule": None, "speedup_vs_eager": 1.1,
+                 "speedup_vs_compile": 1.05, "flags": []}
+        w.event("evaluation", len(turns), command="profiling", argv=[], rc=0, source="final",
+                result=final, output="")
     if ended:
-        best = summary_reward if summary_reward is not None else (reward if reward is not None else -1.0)
-        s = EpisodeSummary(reason=reason, turns=summary_turns or len(turns), reward=best, correct=best > 0,
+        best = summary_reward if summary_reward is not None else (reward or -1.0)
+        s = EpisodeSummary(reason=reason, turns=len(turns), reward=best, correct=best > 0,
                            speedup_vs_eager=None, speedup_vs_compile=None, best_from="final",
-                           prompt_tokens=1, completion_tokens=1, seconds=1.0, task_id="t-" + folder.name,
-                           task_name=folder.name, model="m", out_dir=str(folder), final=final)
+                           prompt_tokens=1, completion_tokens=1, seconds=1.0,
+                           task_id=task["id"], task_name=folder.name, model="m",
+                           out_dir=str(folder), final=final)
         w.event("end", s.turns, **{k: v for k, v in s.to_dict().items() if k != "v"})
         (folder / "summary.json").write_text(json.dumps(s.to_dict()))
     w.close()
     if tokens is not None:
-        (folder / "tokens.json").write_text(tokens if isinstance(tokens, str) else json.dumps(tokens))
+        text = tokens if isinstance(tokens, str) else json.dumps(tokens)
+        (folder / "tokens.json").write_text(text)
     return folder
 
 
@@ -91,18 +98,22 @@ GOOD = [("Writing the kernel.", [("write_file", {"path": "model_new.py", "conten
         ("Done.", [("finish", {"summary": "ok"})])]
 TOKENS = {"v": 1, "prompt_ids": [5, 6, 7, 8], "response_ids": [20, 21, 22, 9, 10, 23, 24],
           "response_mask": [1, 1, 1, 0, 0, 1, 1], "reward": 1.0}
+MAKE = (None, [bash("make")])
+WRITE_AND_MAKE = (None, [("write_file", {"path": "a", "content": "1"}), bash("make")])
 
 # folder name -> (how it is written, the reason it is dropped for; None: kept)
 CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "kept_messages": ({"turns": GOOD}, None),
     "kept_tokens": ({"turns": GOOD, "tokens": TOKENS}, None),
-    "kept_twice_in_a_row": ({"turns": [(None, [bash("make")]), (None, [bash("make")]), *GOOD]}, None),
+    "kept_twice_in_a_row": ({"turns": [MAKE, MAKE, *GOOD]}, None),
     "kept_resumed_whole": ({"turns": GOOD, "resume_dropped": 0}, None),
     "kept_no_final_evaluation": ({"turns": GOOD, "reward": None, "summary_reward": 1.0}, None),
-    "kept_no_tool_call_end": ({"turns": [*GOOD[:2], ("All done.", [])], "reason": "no-tool-call"}, None),
+    "kept_no_tool_call_end": ({"turns": [*GOOD[:2], ("All done.", [])],
+                               "reason": "no-tool-call"}, None),
     "zero_reward": ({"turns": GOOD, "reward": 0.0}, "not-rewarded"),
     "failed": ({"turns": GOOD, "reward": -1.0}, "not-rewarded"),
-    "final_broken_best_earlier": ({"turns": GOOD, "reward": -1.0, "summary_reward": 2.0}, "not-rewarded"),
+    "final_broken_best_earlier": ({"turns": GOOD, "reward": -1.0, "summary_reward": 2.0},
+                                  "not-rewarded"),
     "killed": ({"turns": GOOD[:2], "ended": False}, "unfinished"),
     "model_error": ({"turns": GOOD[:2], "reason": "model-error"}, "unfinished"),
     "cut_off": ({"turns": GOOD[:2], "reason": "length"}, "cut-off"),
@@ -111,10 +122,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "too_many_turns": ({"turns": [(None, [bash(f"echo {i}")]) for i in range(6)]}, "turn-cap"),
     "ended_at_the_cap": ({"turns": GOOD, "reason": "max-turns"}, "turn-cap"),
     "malformed": ({"turns": GOOD, "malformed_turn": 1}, "malformed-tool-call"),
-    "same_call_3x": ({"turns": [(None, [bash("make")])] * 3 + GOOD[2:]}, "repeated-action"),
-    "same_call_3x_in_one_turn": ({"turns": [(None, [bash("ls")] * 3), *GOOD[2:]]}, "repeated-action"),
-    "same_pair_3x": ({"turns": [(None, [("write_file", {"path": "a", "content": "1"}), bash("make")])] * 3
-                      + GOOD[2:]}, "repeated-action"),
+    "same_call_3x": ({"turns": [MAKE, MAKE, MAKE, *GOOD[2:]]}, "repeated-action"),
+    "same_call_3x_in_one_turn": ({"turns": [(None, [bash("ls")] * 3), *GOOD[2:]]},
+                                 "repeated-action"),
+    "same_pair_3x": ({"turns": [WRITE_AND_MAKE] * 3 + GOOD[2:]}, "repeated-action"),
     "same_turn_twice": ({"turns": [GOOD[0], GOOD[0], *GOOD[1:]]}, "repeated-action"),
     "bad_tokens": ({"turns": GOOD, "tokens": "{not json"}, "unreadable"),
     "short_mask": ({"turns": GOOD, "tokens": {**TOKENS, "response_mask": [1]}}, "unreadable"),
@@ -143,7 +154,8 @@ def test_the_filter_keeps_and_drops_each_episode_for_its_reason(runs: Path, tmp_
     assert all(v["kept"] == (v["reason"] is None) for v in by_name.values())
     assert report["episodes"] == len(CASES) + 1
     kept = sorted(n for n, why in expected.items() if why is None)
-    assert report["kept"] == len(kept) and report["kept_by_kind"] == {"tokens": 1, "messages": len(kept) - 1}
+    assert report["kept"] == len(kept)
+    assert report["kept_by_kind"] == {"tokens": 1, "messages": len(kept) - 1}
     assert report["dropped"] == {"unreadable": 3, "unfinished": 2, "cut-off": 1, "elided": 1,
                                  "resumed-dropped-turns": 1, "not-rewarded": 3, "turn-cap": 2,
                                  "malformed-tool-call": 1, "repeated-action": 4}
@@ -161,18 +173,20 @@ def test_the_filter_keeps_and_drops_each_episode_for_its_reason(runs: Path, tmp_
     row = next(r for r in rows if r["task_name"] == "kept_messages")
     assert row["input_ids"] is None and json.loads(row["tools"]) == SCHEMAS
     msgs = json.loads(row["messages"])
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "tool", "tool",
-                                         "assistant"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                         "tool", "assistant"]
     assert msgs[4]["content"] == "" and msgs[4]["tool_calls"][1]["function"] == {
         "name": "bash", "arguments": {"command": "python3 -m utils.verification"}}
 
 
 def test_stricter_rules(runs: Path, tmp_path: Path) -> None:
     level1 = runs / "episodes" / "level1"
-    report = rft.rft_filter([level1 / "kept_messages", level1 / "kept_messages" / "trajectory.jsonl"],
+    report = rft.rft_filter([level1 / "kept_messages",
+                             level1 / "kept_messages" / "trajectory.jsonl"],
                             tmp_path / "x.parquet", min_reward=1.0)
     assert report["episodes"] == 1 and report["dropped"] == {"not-rewarded": 1}  # named twice: once
-    report = rft.rft_filter([level1 / "kept_twice_in_a_row"], tmp_path / "x.parquet", repeat_limit=2)
+    report = rft.rft_filter([level1 / "kept_twice_in_a_row"], tmp_path / "x.parquet",
+                            repeat_limit=2)
     assert report["dropped"] == {"repeated-action": 1}
     report = rft.rft_filter([level1 / "kept_twice_in_a_row"], tmp_path / "x.parquet", max_turns=4)
     assert report["dropped"] == {"turn-cap": 1}
@@ -218,11 +232,13 @@ def test_token_rows_round_trip_through_verls_loader(runs: Path, tmp_path: Path) 
     item = ds[0]
     assert set(item) == {"input_ids", "attention_mask", "position_ids", "loss_mask"}
     assert item["input_ids"].shape == (64,) and item["attention_mask"].sum() == len(ids)
-    assert item["loss_mask"][len(ids):].sum() == 0 and item["input_ids"][len(ids)] == tok.pad_token_id
+    assert item["loss_mask"][len(ids):].sum() == 0
+    assert item["input_ids"][len(ids)] == tok.pad_token_id
     # too long for max_length: an error (verl's default) or left out, never cut
     with pytest.raises(ValueError, match="longer than data.max_length=8"):
         RFTDataset(str(out), tok, OmegaConf.merge(cfg, {"max_length": 8}))
-    assert len(RFTDataset(str(out), tok, OmegaConf.merge(cfg, {"max_length": 8, "truncation": "drop"}))) == 0
+    drop = OmegaConf.merge(cfg, {"max_length": 8, "truncation": "drop"})
+    assert len(RFTDataset(str(out), tok, drop)) == 0
     with pytest.raises(ValueError, match="would cut"):
         RFTDataset(str(out), tok, OmegaConf.merge(cfg, {"truncation": "right"}))
 
@@ -234,10 +250,12 @@ def conversation() -> list[dict[str, Any]]:
     return [{"role": "system", "content": "You write kernels."},
             {"role": "user", "content": "Make axpby faster."},
             {"role": "assistant", "content": "Looking first.", "tool_calls": [
-                call("c1", "read_file", {"path": "model.py"}), call("c2", "bash", {"command": "ls"})]},
+                call("c1", "read_file", {"path": "model.py"}),
+                call("c2", "bash", {"command": "ls"})]},
             {"role": "tool", "tool_call_id": "c1", "content": "import torch"},
             {"role": "tool", "tool_call_id": "c2", "content": "model.py\nkernels"},
-            {"role": "assistant", "content": "", "tool_calls": [call("c3", "finish", {"summary": "ok"})]},
+            {"role": "assistant", "content": "",
+             "tool_calls": [call("c3", "finish", {"summary": "ok"})]},
             {"role": "tool", "tool_call_id": "c3", "content": "finished"},
             {"role": "assistant", "content": "All done."}]
 
@@ -263,18 +281,25 @@ def test_messages_rows_train_on_exactly_the_assistant_tokens() -> None:
     assert text.count("<|im_start|>user") == 3 and "</tool_response>\n<tool_response>" in text
     texts = [tok.decode(run) for run in masked_runs(ids, mask)]
     assert [t.lstrip("\n") for t in texts] == [
-        'Looking first.\n<tool_call>{"name": "read_file", "arguments": {"path": "model.py"}}</tool_call>'
+        'Looking first.\n<tool_call>{"name": "read_file", "arguments": {"path": "model.py"}}'
+        '</tool_call>'
         '\n<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call><|im_end|>',
         '<tool_call>{"name": "finish", "arguments": {"summary": "ok"}}</tool_call><|im_end|>',
         "All done.<|im_end|>"]
     # nothing else is trained on: no tool output, no template, no newline after <|im_end|>
     unmasked = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
-    assert "import torch" in unmasked and "All done" not in unmasked and "<tool_call>" not in unmasked
+    assert "import torch" in unmasked and "model.py\nkernels" in unmasked
+    assert not any(t in unmasked for t in ("Looking first", '{"summary": "ok"}', "All done"))
 
 
-def run_episode(tmp_path: Path, texts: list[str]) -> tuple[Path, scripted.ScriptedServerManager]:
+def run_episode(tmp_path: Path, texts: list[str],
+                monkeypatch: pytest.MonkeyPatch) -> tuple[Path, scripted.ScriptedServerManager]:
     """A real RL episode: `CudaAgentLoop` in verl's worker code with a scripted token server,
-    the tiny tokenizer, our tools and the CPU evaluator (a few seconds: no kernel is built)."""
+    the tiny tokenizer, our tools and the CPU evaluator. Nothing is built or timed, so the
+    service's start-up prefetch (baselines, precompiled headers: a minute in a fresh cache)
+    is skipped: a few seconds."""
+    monkeypatch.setattr("cuda_agent.workspace.commands.prefetch",
+                        lambda *a, **k: {"baselines": "off"})
     cfg = scripted.trainer_config({"device": "cpu", "trajectories_dir": str(tmp_path / "traj")})
     server = scripted.ScriptedServerManager(texts)
     w = scripted.worker(cfg, server)
@@ -285,7 +310,8 @@ def run_episode(tmp_path: Path, texts: list[str]) -> tuple[Path, scripted.Script
     return folder, server
 
 
-def test_a_real_rl_episode_as_token_and_messages_rows(tmp_path: Path) -> None:
+def test_a_real_rl_episode_as_token_and_messages_rows(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from cuda_agent.rl.agent_loop import TOKENS_FILE
 
     assert rft.TOKENS_FILE == TOKENS_FILE
@@ -293,7 +319,7 @@ def test_a_real_rl_episode_as_token_and_messages_rows(tmp_path: Path) -> None:
                  {"name": "read_file", "arguments": {"path": "model.py"}},
                  {"name": "bash", "arguments": {"command": "ls"}}]}),
              "All done."]
-    folder, server = run_episode(tmp_path, texts)
+    folder, server = run_episode(tmp_path, texts, monkeypatch)
     tokens = json.loads((folder / TOKENS_FILE).read_text())
     report = rft.rft_filter([tmp_path / "traj"], tmp_path / "a.parquet")
     assert report["dropped"] == {"not-rewarded": 1}  # the starter model_new.py is no solution
@@ -324,6 +350,11 @@ def test_a_real_rl_episode_as_token_and_messages_rows(tmp_path: Path) -> None:
     ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
     texts_trained = [tok.decode(run).lstrip("\n") for run in masked_runs(ids, mask)]
     assert texts_trained == [texts[0] + "<|im_end|>", "All done.<|im_end|>"]
+    # with this template, rendering the conversation gives the rollout's very tokens and mask
+    # (then the template's newline after the last <|im_end|>, not trained on)
+    n = len(tokens["prompt_ids"]) + len(tokens["response_ids"])
+    assert ids[:n] == tokens["prompt_ids"] + tokens["response_ids"] and len(ids) == n + 1
+    assert mask[:n] == [0] * len(tokens["prompt_ids"]) + tokens["response_mask"] and mask[n] == 0
     assert report["longest_row_tokens"] == len(ids)
 
 
@@ -332,7 +363,8 @@ def test_mixed_kinds_in_one_file(runs: Path, tmp_path: Path) -> None:
     level1 = runs / "episodes" / "level1"
     rft.rft_filter([level1 / "kept_tokens", level1 / "kept_messages"], out)
     tok = scripted.tokenizer()
-    ds = RFTDataset([str(out)], tok, OmegaConf.create({"pad_mode": "no_padding", "max_length": 4096}))
+    cfg = OmegaConf.create({"pad_mode": "no_padding", "max_length": 4096})
+    ds = RFTDataset([str(out)], tok, cfg)
     kinds = pq.read_table(out).column("kind").to_pylist()
     assert sorted(kinds) == ["messages", "tokens"]
     for i, kind in enumerate(kinds):
@@ -346,9 +378,10 @@ def test_mixed_kinds_in_one_file(runs: Path, tmp_path: Path) -> None:
     for r in rows:
         if r["kind"] == "tokens":
             r["input_ids"][0] = len(tok) + 5
-    pq.write_table(pa.Table.from_pylist(rows, schema=rft.parquet_schema()), tmp_path / "big.parquet")
+    big = tmp_path / "big.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=rft.parquet_schema()), big)
     with pytest.raises(ValueError, match="another tokenizer"):
-        RFTDataset(str(tmp_path / "big.parquet"), tok, {"max_length": 4096})
+        RFTDataset(str(big), tok, {"max_length": 4096})
 
 
 def test_cli(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

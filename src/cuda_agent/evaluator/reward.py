@@ -62,3 +62,15 @@ def reward(name: str, correct: bool, speedups: Speedups | None, threshold: float
     except KeyError:
         raise ValueError(f"unknown reward {name!r}; choose one of {', '.join(REWARDS)}") from None
     return fn(correct, speedups, threshold)
+
+
+def rescore(record: dict, name: str, threshold: float = DEFAULT_THRESHOLD) -> float:
+    """A result record's reward under reward `name` (its verdict and speedups, another
+    reward); a record with no verdict (None, empty) is -1."""
+    if not record:
+        return -1.0
+    correct = bool(record.get("correct"))
+    e, c = record.get("speedup_vs_eager"), record.get("speedup_vs_compile")
+    if correct and record.get("reward_name", "milestone") == name and record.get("reward") is not None:
+        return float(record["reward"])
+    return reward(name, correct, Speedups(e, c) if e and c else None, threshold)

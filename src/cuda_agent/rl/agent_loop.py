@@ -23,7 +23,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 from cuda_agent.agent import trajectory as T
 from cuda_agent.agent.loop import AgentConfig, EpisodeSummary, run_episode
-from cuda_agent.evaluator.reward import Speedups, reward
+from cuda_agent.evaluator.reward import rescore
 from cuda_agent.files import atomic_write
 from cuda_agent.rl.settings import RLSettings
 from cuda_agent.rl.token_client import TokenClient
@@ -39,14 +39,7 @@ METRIC_KEYS = ("turns", "tool_calls", "malformed_calls", "compiles", "compiles_o
 def episode_reward(summary: EpisodeSummary, name: str) -> float:
     """The final evaluation's reward under `name` (milestone, or speedup for the ablation);
     -1 when there was no final evaluation."""
-    final = summary.final
-    if not final:
-        return -1.0
-    correct = bool(final.get("correct"))
-    if name == "milestone" or not correct:
-        return float(final.get("reward", -1.0))
-    e, c = final.get("speedup_vs_eager"), final.get("speedup_vs_compile")
-    return reward(name, correct, Speedups(e, c) if e and c else None)
+    return rescore(summary.final or {}, name)
 
 
 def episode_metrics(trajectory: Path, summary: EpisodeSummary) -> dict[str, float]:

@@ -210,3 +210,17 @@ def ray_runner(settings: EvalPoolSettings, sandbox: bool = True) -> Any:
         return int(reply["rc"]), EvalResult.from_dict(reply["result"]) if reply["result"] else None
 
     return run
+
+
+def profile_files(settings: EvalPoolSettings, task: Any, device: str, files: dict[str, str],
+                  sandbox: bool = True) -> tuple[str, Any]:
+    """`utils.profiling` of a solution given as files (the single-turn stage's responses) on
+    the pool: its text and result record (an `EvalResult`, None if it was not evaluated)."""
+    from cuda_agent.evaluator.record import EvalResult
+    from cuda_agent.evaluator.solution import solution_from_files
+
+    key = f"files-{solution_from_files(files).content_hash}"
+    req = {"episode": key, "command": "profiling", "argv": [], "device": device, "files": dict(files),
+           "task": {"code": task.code, "name": task.name, "source": task.source}}
+    reply = ray_pool(settings, sandbox).run(req)
+    return reply["output"], EvalResult.from_dict(reply["result"]) if reply["result"] else None

@@ -499,11 +499,14 @@ def _cluster_lines(launch: Launch) -> list[str]:
 def _evaluation_lines(launch: Launch) -> list[str]:
     if launch.recipe.entry != "ppo":
         return []
-    if launch.agent_loop != "cuda_agent":
-        unused = " (cuda_agent.eval_pool is set but not used here)" if launch.eval_gpus else ""
-        return ["kernels: scored by reward.custom_reward_function in verl's reward workers "
-                f"(reward.num_workers, spread over all nodes), each on the GPU of its node{unused}"]
     pool = launch.config.cuda_agent.eval_pool
+    if launch.agent_loop != "cuda_agent":
+        if launch.eval_gpus:
+            return [f"kernels: scored by reward.custom_reward_function, which sends them to {launch.eval_gpus} "
+                    f"GPUs on evaluation nodes, NOT the training GPUs (Ray resource {pool.resource})"]
+        return ["kernels: scored by reward.custom_reward_function in verl's reward workers "
+                "(reward.num_workers, spread over all nodes), each on the GPU of its node; give "
+                "evaluation nodes with --eval-gpus E"]
     if not launch.eval_gpus:
         return ["kernels: evaluated inside the agent-loop workers, on the GPUs they see (the "
                 "training nodes'); give evaluation nodes with --eval-gpus E"]

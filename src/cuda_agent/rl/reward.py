@@ -14,6 +14,9 @@ Configure it with `reward.custom_reward_function.path=pkg://cuda_agent.rl.reward
 `.name=compute_score` and `.reward_kwargs`: `reward_name` (milestone, or speedup
 for the ablation; else the CUDA_AGENT_REWARD environment variable, else milestone) and any
 scalar `EvalOptions` field (`sandbox`, `trials`, `profile`, `run_timeout_s`, ...).
+With `eval_pool: true` (and `eval_resource`, `eval_workers` as in `cuda_agent.eval_pool`)
+the kernel is profiled on the Ray evaluation workers instead of where verl runs the reward
+(its reward workers share the training nodes), with the workspace commands' options.
 
 A failure of the response (no code, a solution that cannot be read, a failed verdict) is
 reward -1; a broken set-up (an unknown option, a dataset row without its task, no sandbox)
@@ -50,6 +53,8 @@ EVAL_ERROR = "error"  # the evaluator failed on it
 MESSAGE_CHARS = 500
 # keyword arguments verl itself passes to a custom reward function (with a reward model)
 VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+# where the kernel is evaluated: this process, or the Ray evaluation pool
+POOL_KWARGS = frozenset({"eval_pool", "eval_resource", "eval_workers"})
 # EvalOptions fields a caller may set (scalars); the device comes from the row
 _OPTION_FIELDS = {f.name for f in fields(EvalOptions)} - {"protocol", "device"}
 
@@ -82,7 +87,7 @@ def extract_model_new(response: str) -> str | None:
 def eval_options(extra_info: dict[str, Any], kwargs: dict[str, Any]) -> EvalOptions:
     """The evaluation's options: the row's device, the reward named by `reward_name` (or the
     CUDA_AGENT_REWARD variable, or milestone), and any other EvalOptions field given."""
-    unknown = sorted(set(kwargs) - _OPTION_FIELDS - VERL_KWARGS)
+    unknown = sorted(set(kwargs) - _OPTION_FIELDS - VERL_KWARGS - POOL_KWARGS)
     if unknown:
         raise ValueError(f"the reward function takes no option(s) {', '.join(unknown)}; "
                          f"it takes {', '.join(sorted(_OPTION_FIELDS))}")
@@ -147,7 +152,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
     if code is None:
         return score_of(None, NO_CODE, "no ```python block defining class ModelNew in the response")
     try:
-        result = evaluate_code(task, code, options)
+        if kwargs.get("eval_pool"):
+            result = _on_pool(task, code, options, kwargs)
+        else:
+            result = evaluate_code(task, code, options)
     except (SandboxUnavailable, TaskError):
         raise
     except Exception as exc:  # an evaluator failure on this response: its reward, not a crash
@@ -156,3 +164,18 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
     if isinstance(result, str):
         return score_of(None, UNREADABLE, result)
     return score_of(result)
+
+
+def _on_pool(task: Task, code: str, options: EvalOptions, kwargs: dict[str, Any]) -> EvalResult | str:
+    from cuda_agent.evaluator.reward import rescore
+    from cuda_agent.rl.eval_pool import profile_files
+    from cuda_agent.rl.settings import EvalPoolSettings
+
+    pool = EvalPoolSettings(ray=True, resource=str(kwargs.get("eval_resource") or "kernel_eval_gpu"),
+                            workers=int(kwargs.get("eval_workers") or 0))
+    text, result = profile_files(pool, task, options.device, {"model_new.py": code}, options.sandbox)
+    if result is None:
+        return f"the response's model_new.py cannot be evaluated: {text.strip()[:MESSAGE_CHARS]}"
+    result.reward = rescore(result.to_dict(), options.reward_name, options.threshold)
+    result.reward_name = options.reward_name
+    return result

@@ -32,6 +32,8 @@ Drop reasons, in the order they are checked:
   ids outside its vocabulary; a conversation its chat template cannot render with
   assistant spans.
 
+Other ends (finish, no-tool-call, wall-time, context-full) are kept if nothing above applies.
+
 Rows (one parquet file; `kind` says which, and `RFTDataset` reads both):
 
 - `tokens`: an episode with tokens.json (from verl's rollout): `input_ids` = prompt_ids +
@@ -62,9 +64,9 @@ TOKENS_FILE = "tokens.json"  # as rl.agent_loop.TOKENS_FILE (not imported: that 
 REPORT_SUFFIX = ".report.json"
 KIND_TOKENS = "tokens"
 KIND_MESSAGES = "messages"
-DROP_REASONS = ("unreadable", "unfinished", "cut-off", "elided", "resumed-dropped-turns", "not-rewarded",
-                "turn-cap", "malformed-tool-call", "repeated-action", "tokenizer-mismatch",
-                "template-error")
+DROP_REASONS = ("unreadable", "unfinished", "cut-off", "elided", "resumed-dropped-turns",
+                "not-rewarded", "turn-cap", "malformed-tool-call", "repeated-action",
+                "tokenizer-mismatch", "template-error")
 UNFINISHED_ENDS = ("interrupted", "model-error", "unknown")
 
 
@@ -144,8 +146,8 @@ def _assistant_turns(events: list[dict[str, Any]]) -> list[tuple[int, str, list[
     for e in events:
         m = e.get("message") if e.get("type") == "message" else None
         if isinstance(m, dict) and m.get("role") == "assistant":
-            calls = [call_key(c.get("function", {}).get("name", ""), c.get("function", {}).get("arguments", ""))
-                     for c in m.get("tool_calls") or []]
+            fns = [c.get("function") or {} for c in m.get("tool_calls") or []]
+            calls = [call_key(fn.get("name", ""), fn.get("arguments", "")) for fn in fns]
             out.append((int(e.get("turn", 0)), (m.get("content") or "").strip(), calls))
     return out
 
@@ -158,7 +160,8 @@ def redundant_loop(events: list[dict[str, Any]], repeat_limit: int) -> str | Non
     if hit is not None:
         i, period = hit
         first, last = calls[i][0], calls[i + period * repeat_limit - 1][0]
-        what = calls[i][1][:120] if period == 1 else f"the pair {calls[i][1][:60]} / {calls[i + 1][1][:60]}"
+        what = (calls[i][1][:120] if period == 1
+                else f"the pair {calls[i][1][:60]} / {calls[i + 1][1][:60]}")
         return f"{what} {repeat_limit} times in a row (turns {first}-{last})"
     for (_, text_a, calls_a), (turn, text_b, calls_b) in zip(turns, turns[1:], strict=False):
         if text_a and text_a == text_b and calls_a == calls_b:
@@ -183,7 +186,8 @@ def final_reward(summary: dict[str, Any], events: list[dict[str, Any]]) -> float
     for e in reversed(events):
         if e.get("type") == "evaluation" and e.get("source") == "final":
             rec = e.get("result")
-            return float(rec["reward"]) if isinstance(rec, dict) and rec.get("reward") is not None else -1.0
+            scored = isinstance(rec, dict) and rec.get("reward") is not None
+            return float(rec["reward"]) if scored else -1.0
     return float(summary["reward"]) if summary.get("reward") is not None else None
 
 
@@ -220,84 +224,98 @@ def _token_row(path: Path) -> tuple[list[int], list[int]]:
     except (TypeError, KeyError):
         ok = False
     if not ok:
-        raise Drop("unreadable", f"{path} is not an episode's tokens (prompt_ids, response_ids, response_mask)")
+        raise Drop("unreadable", f"{path} is not an episode's tokens (prompt_ids, response_ids, "
+                                 "response_mask)")
     return [*prompt, *response], [0] * len(prompt) + list(mask)
 
 
-def judge(trajectory: Path, *, max_turns: int, min_reward: float, repeat_limit: int,
-          tokenizer: Any = None) -> tuple[Verdict, dict[str, Any] | None]:
-    """The episode's verdict, and its parquet row if kept."""
-    from cuda_agent.agent import trajectory as T
+def _checks(trajectory: Path, v: Verdict, *, max_turns: int, min_reward: float,
+            repeat_limit: int) -> str:
+    """Raise `Drop` for the first reason the episode fails; its end reason otherwise."""
+    from cuda_agent.agent.trajectory import read_events
 
-    folder = trajectory.parent
-    v = Verdict(episode=str(folder), kept=False)
     try:
+        events = read_events(trajectory)
+    except OSError as exc:
+        raise Drop("unreadable", f"{trajectory}: {exc.strerror or exc}") from None
+    start = next((e for e in events if e.get("type") == "start"), None)
+    if start is None:
+        raise Drop("unreadable", f"{trajectory} has no start event")
+    task = start.get("task") or {}
+    v.task_id, v.task_name = task.get("id"), task.get("name")
+    end = next((e for e in reversed(events) if e.get("type") == "end"), None)
+    summary = _read_json(trajectory.parent / SUMMARY_FILE)
+    summary = summary if isinstance(summary, dict) else end
+    if summary is None:
+        raise Drop("unfinished", "no end event: the episode was stopped before it ended")
+    reason = str(summary.get("reason"))
+    v.turns = int(summary.get("turns") or sum(e.get("type") == "model" for e in events))
+    if reason in UNFINISHED_ENDS:
+        raise Drop("unfinished", f"it ended {reason}")
+    if reason == "length":
+        raise Drop("cut-off", "its last turn was cut by the output token limit")
+    if any(e.get("type") == "elide" for e in events):
+        raise Drop("elided", "old tool outputs were elided from the conversation")
+    dropped = sum(int(e.get("dropped") or 0) for e in events if e.get("type") == "resume")
+    if dropped:
+        raise Drop("resumed-dropped-turns", f"resumed after losing {dropped} turn(s) in flight")
+    v.reward = final_reward(summary, events)
+    if v.reward is None or not v.reward > min_reward:
+        raise Drop("not-rewarded", f"reward {v.reward} is not above {min_reward:g}")
+    if v.turns > max_turns or reason == "max-turns":
+        raise Drop("turn-cap", f"{v.turns} turns, ended {reason} (cap {max_turns})")
+    bad = [e for e in events if e.get("type") == "tool" and e.get("malformed")]
+    if bad or reason == "malformed-tool-calls":
+        where = f" (turn {bad[0].get('turn')})" if bad else ""
+        raise Drop("malformed-tool-call", f"{len(bad)} malformed tool call(s){where}")
+    loop = redundant_loop(events, repeat_limit)
+    if loop:
+        raise Drop("repeated-action", loop)
+    return reason
+
+
+def _row_data(trajectory: Path, v: Verdict, tokenizer: Any) -> dict[str, Any]:
+    """The kind-specific columns of a kept episode's row."""
+    tokens = trajectory.parent / TOKENS_FILE
+    if tokens.is_file():
+        ids, mask = _token_row(tokens)
+        if tokenizer is not None and max(ids) >= len(tokenizer):
+            raise Drop("tokenizer-mismatch", f"token id {max(ids)} is outside the tokenizer's "
+                                             f"{len(tokenizer)} ids")
+        v.length = len(ids)
+        return {"kind": KIND_TOKENS, "input_ids": ids, "loss_mask": mask}
+    from cuda_agent.agent.tools import SCHEMAS
+    from cuda_agent.agent.trajectory import load
+
+    messages = training_messages(load(trajectory).messages)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise Drop("unfinished", "the conversation has no assistant turn")
+    if tokenizer is not None:
+        from cuda_agent.rl.sft_dataset import encode_conversation
+
         try:
-            events = T.read_events(trajectory)
-        except OSError as exc:
-            raise Drop("unreadable", f"{trajectory}: {exc.strerror or exc}") from None
-        start = next((e for e in events if e.get("type") == "start"), None)
-        if start is None:
-            raise Drop("unreadable", f"{trajectory} has no start event")
-        task = start.get("task") or {}
-        v.task_id, v.task_name = task.get("id"), task.get("name")
-        end = next((e for e in reversed(events) if e.get("type") == "end"), None)
-        summary = _read_json(folder / SUMMARY_FILE) if (folder / SUMMARY_FILE).is_file() else None
-        summary = summary if isinstance(summary, dict) else end
-        if summary is None:
-            raise Drop("unfinished", "no end event: the episode was stopped before it ended")
-        reason = str(summary.get("reason"))
-        v.turns = int(summary.get("turns") or sum(e.get("type") == "model" for e in events))
-        if reason in UNFINISHED_ENDS:
-            raise Drop("unfinished", f"it ended {reason}")
-        if reason == "length":
-            raise Drop("cut-off", "its last turn was cut by the output token limit")
-        if any(e.get("type") == "elide" for e in events):
-            raise Drop("elided", "old tool outputs were elided from the conversation")
-        dropped = sum(int(e.get("dropped") or 0) for e in events if e.get("type") == "resume")
-        if dropped:
-            raise Drop("resumed-dropped-turns", f"resumed after losing {dropped} turn(s) in flight")
-        v.reward = final_reward(summary, events)
-        if v.reward is None or not v.reward > min_reward:
-            raise Drop("not-rewarded", f"reward {v.reward} is not above {min_reward:g}")
-        if v.turns > max_turns or reason == "max-turns":
-            raise Drop("turn-cap", f"{v.turns} turns, ended {reason} (cap {max_turns})")
-        bad = [e for e in events if e.get("type") == "tool" and e.get("malformed")]
-        if bad or reason == "malformed-tool-calls":
-            where = f" (turn {bad[0].get('turn')})" if bad else ""
-            raise Drop("malformed-tool-call", f"{len(bad)} malformed tool call(s){where}")
-        loop = redundant_loop(events, repeat_limit)
-        if loop:
-            raise Drop("repeated-action", loop)
+            v.length = len(encode_conversation(tokenizer, messages, SCHEMAS)[0])
+        except Exception as exc:  # a template's failure is this episode's, not the run's
+            raise Drop("template-error", f"{type(exc).__name__}: {exc}"[:300]) from None
+    return {"kind": KIND_MESSAGES, "messages": json.dumps(messages, ensure_ascii=False),
+            "tools": json.dumps(SCHEMAS, ensure_ascii=False)}
+
+
+def judge(trajectory: Path, *, max_turns: int = 150, min_reward: float = 0.0,
+          repeat_limit: int = 3, tokenizer: Any = None) -> tuple[Verdict, dict[str, Any] | None]:
+    """The episode's verdict, and its parquet row if kept."""
+    v = Verdict(episode=str(trajectory.parent), kept=False)
+    try:
+        reason = _checks(trajectory, v, max_turns=max_turns, min_reward=min_reward,
+                         repeat_limit=repeat_limit)
         row = {"reward": v.reward, "turns": v.turns, "reason": reason, "task_id": v.task_id,
-               "task_name": v.task_name, "episode": str(folder)}
-        if (folder / TOKENS_FILE).is_file():
-            ids, mask = _token_row(folder / TOKENS_FILE)
-            if tokenizer is not None and max(ids) >= len(tokenizer):
-                raise Drop("tokenizer-mismatch", f"token id {max(ids)} is outside the tokenizer's "
-                                                 f"{len(tokenizer)} ids")
-            row.update(kind=KIND_TOKENS, input_ids=ids, loss_mask=mask)
-            v.length = len(ids)
-        else:
-            messages = training_messages(T.load(trajectory).messages)
-            if not any(m["role"] == "assistant" for m in messages):
-                raise Drop("unfinished", "the conversation has no assistant turn")
-            from cuda_agent.agent.tools import SCHEMAS
-
-            if tokenizer is not None:
-                from cuda_agent.rl.sft_dataset import encode_conversation
-
-                try:
-                    v.length = len(encode_conversation(tokenizer, messages, SCHEMAS)[0])
-                except Exception as exc:  # a template's failure is this episode's, not the run's
-                    raise Drop("template-error", f"{type(exc).__name__}: {exc}"[:300]) from None
-            row.update(kind=KIND_MESSAGES, messages=json.dumps(messages, ensure_ascii=False),
-                       tools=json.dumps(SCHEMAS, ensure_ascii=False))
-        v.kept, v.kind = True, row["kind"]
-        return v, row
+               "task_name": v.task_name, "episode": v.episode,
+               **_row_data(trajectory, v, tokenizer)}
     except Drop as d:
         v.reason, v.detail = d.reason, d.detail
         return v, None
+    v.kept, v.kind = True, row["kind"]
+    return v, row
 
 
 # --------------------------------------------------------------------------- the set
@@ -307,9 +325,10 @@ def parquet_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema([("kind", pa.string()), ("input_ids", pa.list_(pa.int32())),
-                      ("loss_mask", pa.list_(pa.int8())), ("messages", pa.string()), ("tools", pa.string()),
-                      ("reward", pa.float64()), ("turns", pa.int32()), ("reason", pa.string()),
-                      ("task_id", pa.string()), ("task_name", pa.string()), ("episode", pa.string())])
+                      ("loss_mask", pa.list_(pa.int8())), ("messages", pa.string()),
+                      ("tools", pa.string()), ("reward", pa.float64()), ("turns", pa.int32()),
+                      ("reason", pa.string()), ("task_id", pa.string()),
+                      ("task_name", pa.string()), ("episode", pa.string())])
 
 
 def report_path(out_file: str | Path) -> Path:
@@ -318,7 +337,8 @@ def report_path(out_file: str | Path) -> Path:
 
 
 def rft_filter(paths: list[str | Path], out_file: str | Path, *, max_turns: int = 150,
-               min_reward: float = 0.0, repeat_limit: int = 3, tokenizer: Any = None) -> dict[str, Any]:
+               min_reward: float = 0.0, repeat_limit: int = 3,
+               tokenizer: Any = None) -> dict[str, Any]:
     """Write the RFT set of the episodes under `paths` to `out_file` (parquet) and its report
     beside it (`out_file` + `.report.json`); returns the report. `tokenizer` (an object or a
     path for `AutoTokenizer`) checks token rows' ids and renders messages rows."""
@@ -352,10 +372,11 @@ def rft_filter(paths: list[str | Path], out_file: str | Path, *, max_turns: int 
         "out": str(out),
         "inputs": [str(p) for p in paths],
         "rules": {"min_reward": min_reward, "max_turns": max_turns, "repeat_limit": repeat_limit,
-                  "tokenizer": getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None},
+                  "tokenizer": getattr(tokenizer, "name_or_path", None)},
         "episodes": len(verdicts),
         "kept": len(rows),
-        "kept_by_kind": {k: sum(r["kind"] == k for r in rows) for k in (KIND_TOKENS, KIND_MESSAGES)},
+        "kept_by_kind": {k: sum(r["kind"] == k for r in rows)
+                         for k in (KIND_TOKENS, KIND_MESSAGES)},
         "dropped": {r: dropped[r] for r in DROP_REASONS if dropped[r]},
         "longest_row_tokens": max(lengths, default=None),
         "verdicts": [asdict(v) for v in verdicts],
@@ -368,11 +389,12 @@ def rft_filter(paths: list[str | Path], out_file: str | Path, *, max_turns: int 
 
 
 def cmd_rft_filter(args: argparse.Namespace) -> int:
-    report = rft_filter(args.trajectories, args.out, max_turns=args.max_turns, min_reward=args.min_reward,
-                        repeat_limit=args.repeat_limit, tokenizer=args.tokenizer)
+    report = rft_filter(args.trajectories, args.out, max_turns=args.max_turns,
+                        min_reward=args.min_reward, repeat_limit=args.repeat_limit,
+                        tokenizer=args.tokenizer)
     kinds = report["kept_by_kind"]
-    print(f"kept {report['kept']} of {report['episodes']} episodes ({kinds[KIND_TOKENS]} token rows, "
-          f"{kinds[KIND_MESSAGES]} messages rows) -> {args.out}")
+    print(f"kept {report['kept']} of {report['episodes']} episodes ({kinds[KIND_TOKENS]} token "
+          f"rows, {kinds[KIND_MESSAGES]} messages rows) -> {args.out}")
     for reason, n in report["dropped"].items():
         print(f"  dropped {n:5d}  {reason}")
     if report["longest_row_tokens"]:
@@ -382,15 +404,18 @@ def cmd_rft_filter(args: argparse.Namespace) -> int:
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("rft-filter", help="agent trajectories to the RFT set for verl's SFT trainer "
-                                                  "(reward > 0, no loops, no malformed calls)")
+    p = subparsers.add_parser("rft-filter", help="agent trajectories to the RFT set for verl's "
+                              "SFT trainer (reward > 0, no loops, no malformed calls)")
     p.add_argument("trajectories", nargs="+",
                    help="trajectory.jsonl files, episode folders, or folders searched for them")
-    p.add_argument("--out", required=True, help="the parquet file to write (its report goes beside it)")
+    p.add_argument("--out", required=True,
+                   help="the parquet file to write (its report goes beside it)")
     p.add_argument("--max-turns", type=int, default=150, help="drop episodes with more model calls")
-    p.add_argument("--min-reward", type=float, default=0.0, help="keep episodes whose reward is above this")
+    p.add_argument("--min-reward", type=float, default=0.0,
+                   help="keep episodes whose reward is above this")
     p.add_argument("--repeat-limit", type=int, default=3,
-                   help="drop episodes repeating one call (or one pair of calls) this many times in a row")
-    p.add_argument("--tokenizer", help="the model's tokenizer (a path or hub name): check token rows' ids, "
-                                       "render messages rows and report their lengths")
+                   help="drop episodes repeating one call (or one pair of calls) this many "
+                        "times in a row")
+    p.add_argument("--tokenizer", help="the model's tokenizer (a path or hub name): check token "
+                                       "rows' ids, render messages rows, report their lengths")
     p.set_defaults(func=cmd_rft_filter)
