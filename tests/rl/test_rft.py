@@ -312,9 +312,8 @@ def run_episode(tmp_path: Path, texts: list[str],
 
 def test_a_real_rl_episode_as_token_and_messages_rows(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from cuda_agent.rl.agent_loop import TOKENS_FILE
+    from cuda_agent.rl.settings import TOKENS_FILE
 
-    assert rft.TOKENS_FILE == TOKENS_FILE
     texts = [scripted.hermes({"content": "Looking around.", "tool_calls": [
                  {"name": "read_file", "arguments": {"path": "model.py"}},
                  {"name": "bash", "arguments": {"command": "ls"}}]}),

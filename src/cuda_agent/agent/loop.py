@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.agent import trajectory as T
-from cuda_agent.agent.client import Completion, ContextFull, ModelClient, ModelError, estimate_tokens
+from cuda_agent.agent.client import (
+    Completion,
+    ContextFull,
+    ModelClient,
+    ModelError,
+    estimate_tokens,
+)
 from cuda_agent.agent.service import EvalService, Runner
 from cuda_agent.agent.shell import ShellSession
 from cuda_agent.agent.tools import SCHEMAS, ToolError, Tools, parse_call

@@ -25,12 +25,11 @@ from cuda_agent.agent import trajectory as T
 from cuda_agent.agent.loop import AgentConfig, EpisodeSummary, run_episode
 from cuda_agent.evaluator.reward import rescore
 from cuda_agent.files import atomic_write
-from cuda_agent.rl.settings import RLSettings
+from cuda_agent.rl.settings import TOKENS_FILE, RLSettings
 from cuda_agent.rl.token_client import TokenClient
 from cuda_agent.tasks import task_from_code
 from cuda_agent.workspace import remove_workspace
 
-TOKENS_FILE = "tokens.json"  # beside trajectory.jsonl: the episode's exact token ids and mask
 # every episode reports these (verl batches them by the first episode's keys)
 METRIC_KEYS = ("turns", "tool_calls", "malformed_calls", "compiles", "compiles_ok", "verifications",
                "profilings", "correct", "speedup_vs_eager", "speedup_vs_compile", "context_full")

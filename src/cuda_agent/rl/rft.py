@@ -56,11 +56,11 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.files import atomic_write
+from cuda_agent.rl.settings import TOKENS_FILE
 
 REPORT_VERSION = 1
 TRAJECTORY_FILE = "trajectory.jsonl"  # as agent.loop names an episode's files
 SUMMARY_FILE = "summary.json"
-TOKENS_FILE = "tokens.json"  # as rl.agent_loop.TOKENS_FILE (not imported: that module needs verl)
 REPORT_SUFFIX = ".report.json"
 KIND_TOKENS = "tokens"
 KIND_MESSAGES = "messages"

@@ -26,6 +26,9 @@ from typing import Any
 
 from cuda_agent.evaluator.reward import REWARDS
 
+# beside an RL episode's trajectory.jsonl: its exact token ids and mask (read by rl rft-filter)
+TOKENS_FILE = "tokens.json"
+
 
 @dataclass
 class EvalPoolSettings:
