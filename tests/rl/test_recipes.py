@@ -146,6 +146,13 @@ def test_rft_composes_with_verls_sft_trainer_config(launches: dict[str, Launch])
     assert cfg.model.path == MODEL and cfg.engine.strategy == "fsdp"
     assert cfg.data.train_files.endswith("/rft/sft.parquet")
     assert (cfg.data.messages_key, cfg.data.tools_key) == ("messages", "tools")
+    # the RFT set's rows are read by our dataset class, which verl loads from the package
+    assert (cfg.data.custom_cls.path, cfg.data.custom_cls.name) == ("pkg://cuda_agent.rl.sft_dataset", "RFTDataset")
+    from verl.utils.import_utils import load_extern_object
+
+    from cuda_agent.rl.sft_dataset import RFTDataset
+
+    assert load_extern_object(cfg.data.custom_cls.path, cfg.data.custom_cls.name) is RFTDataset
     assert cfg.data.max_length == 131072 and cfg.data.micro_batch_size_per_gpu == 1
     assert cfg.optim.lr == 1e-5 and "hf_model" in cfg.checkpoint.save_contents
     assert "cuda_agent" not in cfg
