@@ -22,6 +22,7 @@ from cuda_agent.datagen.compose import (
     Composed,
     compose_llm,
     compose_offline,
+    compose_transformers,
     normalised_mix,
     sample_n_ops,
 )
@@ -193,15 +194,20 @@ def test_catalogue_is_introspected_and_marks_stochastic_ops() -> None:
 
 def test_offline_compositions_run_and_follow_the_requested_mix() -> None:
     rng = random.Random(7)
-    mix = normalised_mix(PUBLISHED_MIX)  # no transformers here: renormalised over 1..5 operators
-    counts: Counter[int] = Counter()
+    # renormalised over 1..5 operators where transformers is not installed
+    mix = normalised_mix(PUBLISHED_MIX)
+    counts: Counter[str] = Counter()
     for _ in range(400):
-        k = sample_n_ops(rng, mix)
-        c = compose_offline(rng, int(k), scale=0.1)
-        assert c is not None and c.n_ops == int(k) and len(c.ops) == int(k)
-        counts[int(k)] += 1
+        k = str(sample_n_ops(rng, mix))
+        if k == "transformers":  # a standalone transformers module
+            c = compose_transformers(rng, scale=0.1)
+            assert c is not None and c.n_ops == 1 and c.data_source.startswith("transformers")
+        else:
+            c = compose_offline(rng, int(k), scale=0.1)
+            assert c is not None and c.n_ops == int(k) and len(c.ops) == int(k)
+        counts[k] += 1
     for k, p in mix.items():  # within 4 percentage points of the target on 400 tasks
-        assert abs(counts[int(k)] / 400 - p) < 0.04, (k, counts[int(k)] / 400, p)
+        assert abs(counts[str(k)] / 400 - p) < 0.04, (k, counts[str(k)] / 400, p)
     import torch
 
     for _ in range(15):  # and they run

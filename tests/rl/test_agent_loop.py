@@ -59,8 +59,10 @@ def episode_dir(tmp_path: Path) -> Path:
     return d
 
 
-def test_an_episode_through_verls_worker_and_post_processing(tmp_path: Path) -> None:
-    internal, batch, server, cfg = run_loop(tmp_path, solve_turns())
+def check_solved_episode(tmp_path: Path, internal: Any, batch: Any, server: scripted.ScriptedServerManager,
+                         cfg: Any) -> None:
+    """What the solving episode of `solve_turns()` must give verl (run in test_eval_pool, beside
+    the same episode on the Ray evaluation pool: one solved episode for both)."""
     tok = scripted.tokenizer()
     d = episode_dir(tmp_path)
     summary = json.loads((d / "summary.json").read_text())

@@ -106,7 +106,7 @@ def test_single_turn_stages_use_verls_loop_and_our_reward(launches: dict[str, La
     # the kernels go to the evaluation nodes' pool (--eval-gpus 4), not to verl's reward workers' GPUs
     assert OmegaConf.to_container(reward.reward_kwargs, resolve=True) == {
         "reward_name": "milestone", "sandbox": True, "eval_pool": True, "eval_resource": "kernel_eval_gpu",
-        "eval_workers": 4}
+        "eval_workers": 4, "eval_build_workers": 2}
     assert cfg.critic.model.path == MODEL
     assert cfg.data.train_files.endswith("/single_turn/train.parquet")
 

@@ -11,9 +11,10 @@ One `EvalWorker` actor per unit of that resource. On its node each worker claims
 (the lowest free device index, by a lock file) and keeps it for its life, so two workers
 never time on one GPU; its evaluations are the usual sandboxed evaluator processes, warm
 spares and the node's baseline and build caches included (put `CUDA_AGENT_CACHE` on
-storage all evaluation nodes share to share them across nodes). Builds go to the same
-workers: one request carries the solution's files, so a compile and the verification that
-follows find the same content-hashed build.
+storage all evaluation nodes share to share them across nodes). Compiles go to build
+workers on the same node (CPU only); a request carries the solution's files, and an
+episode keeps to one node, so its verification finds the content-hashed build its compile
+left there.
 
 An episode's `EvalService` gets `ray_runner(settings)` as its runner: a command reads the
 solution files from the workspace, sends them with the trusted task record to the next
@@ -60,8 +61,9 @@ def _claim_gpu() -> tuple[int, Any]:
 class EvalWorker:
     """Evaluates workspace commands sent as requests (see `request`); a Ray actor's class."""
 
-    def __init__(self, sandbox: bool = True) -> None:
+    def __init__(self, sandbox: bool = True, role: str = "gpu") -> None:
         self.sandbox = sandbox
+        self.role = role  # "gpu": verifies and times on its GPU; "build": compiles
         self.root = Path(tempfile.mkdtemp(prefix="cuda-agent-eval-"))
         self.workspaces: OrderedDict[str, Path] = OrderedDict()
         self.gpu: int | None = None
@@ -71,7 +73,12 @@ class EvalWorker:
 
     def stats(self) -> dict[str, Any]:
         """Commands run so far by name, and the GPU held."""
-        return {"commands": dict(self.commands), "gpu": self.gpu, "pid": os.getpid()}
+        return {"role": self.role, "commands": dict(self.commands), "gpu": self.gpu, "pid": os.getpid()}
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def _workspace(self, req: dict[str, Any]) -> Path:
         from cuda_agent.tasks import task_from_code
@@ -105,7 +112,7 @@ class EvalWorker:
         from cuda_agent.workspace.commands import run_command
 
         with self._lock:  # one evaluation at a time: the GPU is this worker's alone
-            if req["device"] == "cuda" and self.gpu is None:
+            if req["device"] == "cuda" and self.gpu is None and self.role == "gpu":
                 self.gpu, self._gpu_lock = _claim_gpu()
             ws = self._workspace(req)
             parts: list[str] = []
@@ -129,60 +136,87 @@ def request(ws: Path, episode: str, name: str, argv: list[str]) -> dict[str, Any
 
 
 class RayPool:
-    """Actors holding the evaluation resource, used round-robin by whoever is free first."""
+    """The evaluation actors of the cluster, shared by every process that opens the pool.
+
+    Actors are named (`cuda-agent-eval-RESOURCE-K`, `cuda-agent-build-RESOURCE-NODE-J`), so
+    the agent-loop workers of a training job, each opening the pool, find the same ones
+    rather than each asking for the whole resource. Per evaluation node there are the GPU
+    workers (one unit of the resource each) and `build_workers` build workers (one CPU
+    each, on that node, no GPU): compiles go to the build workers, so a GPU never idles
+    behind a build. An episode sticks to one node, so its verification finds the build
+    its compile left in that node's cache."""
 
     def __init__(self, settings: EvalPoolSettings, sandbox: bool = True) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True,
                      include_dashboard=False, log_to_driver=False)
-        have = int(ray.cluster_resources().get(settings.resource, 0))
-        n = settings.workers or have
+        res = settings.resource
+        n = settings.workers or int(ray.cluster_resources().get(res, 0))
         if n < 1:
-            raise ValueError(f"the Ray cluster has no {settings.resource!r} resource: start the evaluation nodes "
-                             f"with ray start --resources='{{\"{settings.resource}\": GPUS}}'")
-        cls = ray.remote(num_cpus=1, resources={settings.resource: 1}, max_restarts=-1,
-                         max_task_retries=0)(EvalWorker)
-        self.actors = [cls.remote(sandbox) for _ in range(n)]
-        self._free = threading.Semaphore(n)
-        self._idle = list(range(n))
+            raise ValueError(f"the Ray cluster has no {res!r} resource: start the evaluation nodes with "
+                             f"ray start --num-gpus=0 --resources='{{\"{res}\": GPUS}}'")
+        gpu_cls = ray.remote(num_cpus=1, resources={res: 1}, max_restarts=-1, max_task_retries=0)(EvalWorker)
+        evals = [gpu_cls.options(name=f"cuda-agent-eval-{res}-{k}", get_if_exists=True).remote(sandbox, "gpu")
+                 for k in range(n)]
+        nodes = ray.get([a.node.remote() for a in evals])
+        build_cls = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(EvalWorker)
+        self.groups: dict[str, dict[str, list[Any]]] = {}
+        for a, node in zip(evals, nodes, strict=True):
+            self.groups.setdefault(node, {"gpu": [], "build": []})["gpu"].append(a)
+        for node, g in self.groups.items():
+            g["build"] = [build_cls.options(
+                name=f"cuda-agent-build-{res}-{node[:16]}-{j}", get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(sandbox, "build")
+                for j in range(settings.build_workers)]
+        self.actors = [a for g in self.groups.values() for a in g["gpu"] + g["build"]]
+        self._busy: dict[int, int] = {id(a): 0 for a in self.actors}  # requests in flight from here
+        self._sticky: OrderedDict[str, str] = OrderedDict()
         self._guard = threading.Lock()
 
-    def _take(self) -> int:
-        self._free.acquire()
+    def _choose(self, req: dict[str, Any]) -> Any:
         with self._guard:
-            return self._idle.pop(0)
-
-    def _give(self, k: int) -> None:
-        with self._guard:
-            self._idle.append(k)
-        self._free.release()
+            node = self._sticky.get(req["episode"])
+            if node is None:  # the least busy node, as this process sees it
+                node = min(self.groups, key=lambda nd: sum(self._busy[id(a)] for a in self.groups[nd]["gpu"]))
+            self._sticky[req["episode"]] = node
+            self._sticky.move_to_end(req["episode"])
+            while len(self._sticky) > 100_000:
+                self._sticky.popitem(last=False)
+            g = self.groups[node]
+            group = g["build"] if req["command"] == "compile" and g["build"] else g["gpu"]
+            actor = min(group, key=lambda a: self._busy[id(a)])
+            self._busy[id(actor)] += 1
+            return actor
 
     def run(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Run one request; a worker that died mid-request (Ray restarts it) gets one retry."""
         import ray
 
         err: Exception | None = None
         for _ in range(2):
-            k = self._take()
+            actor = self._choose(req)
             try:
-                return ray.get(self.actors[k].run.remote(req))
-            except ray.exceptions.RayError as exc:  # the worker died mid-request; Ray restarts it
+                return ray.get(actor.run.remote(req))
+            except ray.exceptions.RayError as exc:
                 err = exc
             finally:
-                self._give(k)
+                with self._guard:
+                    self._busy[id(actor)] -= 1
         raise RuntimeError(f"the evaluation worker died twice running this command ({type(err).__name__}: "
                            f"{str(err)[:300]})")
 
 
-_POOLS: dict[tuple[str, int, bool], RayPool] = {}
+_POOLS: dict[tuple[str, int, int, bool], RayPool] = {}
 _POOLS_LOCK = threading.Lock()
 _episodes = itertools.count()
 
 
 def ray_pool(settings: EvalPoolSettings, sandbox: bool = True) -> RayPool:
     """One pool per process and settings (every episode of an agent-loop worker shares it)."""
-    key = (settings.resource, settings.workers, sandbox)
+    key = (settings.resource, settings.workers, settings.build_workers, sandbox)
     with _POOLS_LOCK:
         if key not in _POOLS:
             _POOLS[key] = RayPool(settings, sandbox)

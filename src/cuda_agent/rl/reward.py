@@ -54,7 +54,7 @@ MESSAGE_CHARS = 500
 # keyword arguments verl itself passes to a custom reward function (with a reward model)
 VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 # where the kernel is evaluated: this process, or the Ray evaluation pool
-POOL_KWARGS = frozenset({"eval_pool", "eval_resource", "eval_workers"})
+POOL_KWARGS = frozenset({"eval_pool", "eval_resource", "eval_workers", "eval_build_workers"})
 # EvalOptions fields a caller may set (scalars); the device comes from the row
 _OPTION_FIELDS = {f.name for f in fields(EvalOptions)} - {"protocol", "device"}
 
@@ -172,7 +172,8 @@ def _on_pool(task: Task, code: str, options: EvalOptions, kwargs: dict[str, Any]
     from cuda_agent.rl.settings import EvalPoolSettings
 
     pool = EvalPoolSettings(ray=True, resource=str(kwargs.get("eval_resource") or "kernel_eval_gpu"),
-                            workers=int(kwargs.get("eval_workers") or 0))
+                            workers=int(kwargs.get("eval_workers") or 0),
+                            build_workers=int(kwargs.get("eval_build_workers") or 2))
     text, result = profile_files(pool, task, options.device, {"model_new.py": code}, options.sandbox)
     if result is None:
         return f"the response's model_new.py cannot be evaluated: {text.strip()[:MESSAGE_CHARS]}"

@@ -14,6 +14,7 @@
         ray: false              # true: verification and profiling on Ray evaluation actors
         resource: kernel_eval_gpu
         workers: 0              # 0: one per unit of the resource in the cluster
+        build_workers: 2        # compiling workers (one CPU each) per evaluation node
 
 A missing section means these defaults; an unknown key is an error (a typo would
 otherwise train with the default silently).
@@ -35,6 +36,7 @@ class EvalPoolSettings:
     ray: bool = False
     resource: str = "kernel_eval_gpu"
     workers: int = 0
+    build_workers: int = 2
 
 
 @dataclass
