@@ -68,9 +68,12 @@ def test_an_episode_in_a_ray_actor_evaluated_by_the_ray_pool_matches_the_local_p
     check_solved_episode(tmp_path, internal, batch, server, cfg)
     (local_dir,) = list((tmp_path / "traj").iterdir())
     # the same episode in a Ray actor, its evaluations on the Ray pool
-    remote = ray.get(Host.remote().run.remote(
+    host = Host.remote()
+    remote = ray.get(host.run.remote(
         {"device": "cpu", "trajectories_dir": str(tmp_path / "ray"), "eval_pool": {"ray": True}}, texts),
         timeout=900)
+    # the evaluation workers outlive the agent-loop worker that made them (the next test uses them)
+    ray.kill(host)
     lv, rv = verdicts(local_dir), verdicts(remote["dir"])
     assert lv == [("compile", "agent", 0, None, None), ("verification", "agent", 0, "ok", True),
                   ("profiling", "final", 0, "ok", True)]
@@ -89,6 +92,7 @@ def test_an_episode_in_a_ray_actor_evaluated_by_the_ray_pool_matches_the_local_p
 
 
 def test_the_single_turn_reward_on_the_pool_rescored_for_the_ablation(local_ray: Any) -> None:
+    """(After the test above: the pool's workers were made by its killed Host actor.)"""
     from cuda_agent.rl.reward import compute_score
 
     from .test_data import RELU_INFO, relu_solution, response

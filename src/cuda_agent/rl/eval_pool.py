@@ -33,6 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from typing import Any
 from cuda_agent.rl.settings import EvalPoolSettings
 
 KEEP_WORKSPACES = 64  # a worker keeps this many episodes' workspaces (incremental builds)
+IDLE_EXIT_S = 1800.0  # a (detached) worker with no request for this long leaves
 _SLOT_DIR = Path(tempfile.gettempdir()) / "cuda-agent-eval-gpus"
 
 
@@ -70,6 +72,16 @@ class EvalWorker:
         self._gpu_lock: Any = None
         self._lock = threading.Lock()
         self.commands: dict[str, int] = {}
+        self.last = time.monotonic()
+        threading.Thread(target=self._leave_when_idle, daemon=True).start()
+
+    def _leave_when_idle(self) -> None:
+        while True:
+            time.sleep(min(60.0, IDLE_EXIT_S / 4))
+            with self._lock:
+                if time.monotonic() - self.last > IDLE_EXIT_S:
+                    shutil.rmtree(self.root, ignore_errors=True)
+                    os._exit(0)
 
     def stats(self) -> dict[str, Any]:
         """Commands run so far by name, and the GPU held."""
@@ -114,11 +126,13 @@ class EvalWorker:
         with self._lock:  # one evaluation at a time: the GPU is this worker's alone
             if req["device"] == "cuda" and self.gpu is None and self.role == "gpu":
                 self.gpu, self._gpu_lock = _claim_gpu()
+            self.last = time.monotonic()
             ws = self._workspace(req)
             parts: list[str] = []
             self.commands[req["command"]] = self.commands.get(req["command"], 0) + 1
             rc, result = run_command(req["command"], ws, list(req["argv"]), parts.append, sandbox=self.sandbox,
                                      warm=True, gpu_index=self.gpu)
+            self.last = time.monotonic()
         rec = result.to_dict() if hasattr(result, "to_dict") and hasattr(result, "correct") else None
         return {"rc": rc, "output": "".join(parts), "result": rec, "gpu": self.gpu, "node": os.uname().nodename}
 
@@ -138,8 +152,8 @@ def request(ws: Path, episode: str, name: str, argv: list[str]) -> dict[str, Any
 class RayPool:
     """The evaluation actors of the cluster, shared by every process that opens the pool.
 
-    Actors are named (`cuda-agent-eval-RESOURCE-K`, `cuda-agent-build-RESOURCE-NODE-J`), so
-    the agent-loop workers of a training job, each opening the pool, find the same ones
+    Actors are named (`cuda-agent-eval-JOB-RESOURCE-K`, `cuda-agent-build-JOB-RESOURCE-NODE-J`),
+    so the agent-loop workers of a training job, each opening the pool, find the same ones
     rather than each asking for the whole resource. Per evaluation node there are the GPU
     workers (one unit of the resource each) and `build_workers` build workers (one CPU
     each, on that node, no GPU): compiles go to the build workers, so a GPU never idles
@@ -148,63 +162,89 @@ class RayPool:
 
     def __init__(self, settings: EvalPoolSettings, sandbox: bool = True) -> None:
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True,
                      include_dashboard=False, log_to_driver=False)
-        res = settings.resource
+        self.sandbox = sandbox
+        res = self.resource = settings.resource
         n = settings.workers or int(ray.cluster_resources().get(res, 0))
         if n < 1:
             raise ValueError(f"the Ray cluster has no {res!r} resource: start the evaluation nodes with "
                              f"ray start --num-gpus=0 --resources='{{\"{res}\": GPUS}}'")
-        gpu_cls = ray.remote(num_cpus=1, resources={res: 1}, max_restarts=-1, max_task_retries=0)(EvalWorker)
-        evals = [gpu_cls.options(name=f"cuda-agent-eval-{res}-{k}", get_if_exists=True).remote(sandbox, "gpu")
-                 for k in range(n)]
-        nodes = ray.get([a.node.remote() for a in evals])
-        build_cls = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(EvalWorker)
-        self.groups: dict[str, dict[str, list[Any]]] = {}
-        for a, node in zip(evals, nodes, strict=True):
-            self.groups.setdefault(node, {"gpu": [], "build": []})["gpu"].append(a)
-        for node, g in self.groups.items():
-            g["build"] = [build_cls.options(
-                name=f"cuda-agent-build-{res}-{node[:16]}-{j}", get_if_exists=True,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(sandbox, "build")
-                for j in range(settings.build_workers)]
-        self.actors = [a for g in self.groups.values() for a in g["gpu"] + g["build"]]
-        self._busy: dict[int, int] = {id(a): 0 for a in self.actors}  # requests in flight from here
-        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._job = ray.get_runtime_context().get_job_id()
         self._guard = threading.Lock()
+        self._handles: dict[str, Any] = {}
+        self._busy: dict[str, int] = {}  # requests in flight from this process, by actor name
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self.groups: dict[str, dict[str, list[str]]] = {}
+        gpu_names = [f"cuda-agent-eval-{self._job}-{res}-{k}" for k in range(n)]
+        nodes = ray.get([self._actor(name).node.remote() for name in gpu_names])
+        for name, node in zip(gpu_names, nodes, strict=True):
+            self.groups.setdefault(node, {"gpu": [], "build": []})["gpu"].append(name)
+        for node, g in self.groups.items():
+            g["build"] = [f"cuda-agent-build-{self._job}-{res}-{node[:16]}-{j}" for j in range(settings.build_workers)]
+            for name in g["build"]:
+                self._actor(name)
 
-    def _choose(self, req: dict[str, Any]) -> Any:
+    @property
+    def actors(self) -> list[Any]:
+        return [self._actor(name) for g in self.groups.values() for name in g["gpu"] + g["build"]]
+
+    def _actor(self, name: str, fresh: bool = False) -> Any:
+        """The named actor, created if there is none (or the one there died). Detached: an
+        actor must not die with the agent-loop worker that happened to create it first; one
+        idle for `IDLE_EXIT_S` leaves by itself, and is made again when next needed."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        with self._guard:
+            if name in self._handles and not fresh:
+                return self._handles[name]
+        build = name.startswith("cuda-agent-build-")
+        opts: dict[str, Any] = {"name": name, "get_if_exists": True, "lifetime": "detached",
+                                "max_restarts": 0, "max_task_retries": 0, "num_cpus": 1}
+        if build:
+            node = next(nd for nd, g in self.groups.items() if name in g["build"])
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        else:
+            opts["resources"] = {self.resource: 1}
+        handle = ray.remote(EvalWorker).options(**opts).remote(self.sandbox, "build" if build else "gpu")
+        with self._guard:
+            self._handles[name] = handle
+            self._busy.setdefault(name, 0)
+        return handle
+
+    def _choose(self, req: dict[str, Any]) -> str:
         with self._guard:
             node = self._sticky.get(req["episode"])
             if node is None:  # the least busy node, as this process sees it
-                node = min(self.groups, key=lambda nd: sum(self._busy[id(a)] for a in self.groups[nd]["gpu"]))
+                node = min(self.groups, key=lambda nd: sum(self._busy[a] for a in self.groups[nd]["gpu"]))
             self._sticky[req["episode"]] = node
             self._sticky.move_to_end(req["episode"])
             while len(self._sticky) > 100_000:
                 self._sticky.popitem(last=False)
             g = self.groups[node]
             group = g["build"] if req["command"] == "compile" and g["build"] else g["gpu"]
-            actor = min(group, key=lambda a: self._busy[id(a)])
-            self._busy[id(actor)] += 1
-            return actor
+            name = min(group, key=lambda a: self._busy[a])
+            self._busy[name] += 1
+            return name
 
     def run(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Run one request; a worker that died mid-request (Ray restarts it) gets one retry."""
+        """Run one request; if its worker died (a lost node, a worker that left when idle, a
+        process taken down), the worker is made again and the request retried once."""
         import ray
 
         err: Exception | None = None
-        for _ in range(2):
-            actor = self._choose(req)
+        for attempt in range(2):
+            name = self._choose(req)
             try:
-                return ray.get(actor.run.remote(req))
+                return ray.get(self._actor(name, fresh=attempt > 0).run.remote(req))
             except ray.exceptions.RayError as exc:
                 err = exc
             finally:
                 with self._guard:
-                    self._busy[id(actor)] -= 1
+                    self._busy[name] -= 1
         raise RuntimeError(f"the evaluation worker died twice running this command ({type(err).__name__}: "
                            f"{str(err)[:300]})")
 
