@@ -20,10 +20,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # as pytest imports the test packages (gpu, evaluator)
 
 
 def cases() -> dict[str, tuple[Path, dict[str, str]]]:
-    from tests.gpu import cases_cuda as C
+    from gpu import cases_cuda as C
 
     out = {
         "axpby": (C.AXPBY_TASK, C.AXPBY),
