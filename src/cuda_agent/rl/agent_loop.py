@@ -41,11 +41,12 @@ def episode_reward(summary: EpisodeSummary, name: str) -> float:
     return rescore(summary.final or {}, name)
 
 
-def episode_metrics(trajectory: Path, summary: EpisodeSummary) -> dict[str, float]:
-    """Counts of the episode's tool calls and evaluation commands, and its final speedups."""
+def episode_metrics(events: list[dict[str, Any]], summary: EpisodeSummary) -> dict[str, float]:
+    """Counts of the episode's tool calls and evaluation commands (from its trajectory's
+    events), and its final speedups."""
     m = dict.fromkeys(METRIC_KEYS, 0.0)
     m["turns"] = float(summary.turns)
-    for e in T.read_events(trajectory):
+    for e in events:
         if e["type"] == "tool":
             m["tool_calls"] += 1
             m["malformed_calls"] += bool(e.get("malformed"))
@@ -109,10 +110,10 @@ class CudaAgentLoop(AgentLoopBase):
         try:
             summary = await run_episode(task, client, out, device=device, config=self._agent_config(),
                                         runner=self._runner)
-            metrics = episode_metrics(out / "trajectory.jsonl", summary)
-            tool_s = sum(float(e.get("seconds") or 0.0) for e in T.read_events(out / "trajectory.jsonl")
-                         if e["type"] == "tool")
-            messages = sum(1 for e in T.read_events(out / "trajectory.jsonl") if e["type"] == "message")
+            events = T.read_events(out / "trajectory.jsonl")
+            metrics = episode_metrics(events, summary)
+            tool_s = sum(float(e.get("seconds") or 0.0) for e in events if e["type"] == "tool")
+            messages = sum(1 for e in events if e["type"] == "message")
         finally:
             remove_workspace(out / "workspace")
             if not keep:

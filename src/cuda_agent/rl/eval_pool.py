@@ -144,9 +144,13 @@ def request(ws: Path, episode: str, name: str, argv: list[str]) -> dict[str, Any
     from cuda_agent.workspace import load_record
 
     rec = load_record(ws)
-    files = load_solution(ws).files
-    return {"episode": episode, "command": name, "argv": list(argv), "device": rec.device, "files": files,
-            "task": {"code": rec.task.code, "name": rec.task.name, "source": rec.task.source}}
+    return _request(episode, name, argv, rec.device, load_solution(ws).files, rec.task)
+
+
+def _request(episode: str, name: str, argv: list[str], device: str, files: dict[str, str],
+             task: Any) -> dict[str, Any]:
+    return {"episode": episode, "command": name, "argv": list(argv), "device": device, "files": dict(files),
+            "task": {"code": task.code, "name": task.name, "source": task.source}}
 
 
 class RayPool:
@@ -293,8 +297,6 @@ def profile_files(settings: EvalPoolSettings, task: Any, device: str, files: dic
     from cuda_agent.evaluator.record import EvalResult
     from cuda_agent.evaluator.solution import solution_from_files
 
-    key = f"files-{solution_from_files(files).content_hash}"
-    req = {"episode": key, "command": "profiling", "argv": [], "device": device, "files": dict(files),
-           "task": {"code": task.code, "name": task.name, "source": task.source}}
+    req = _request(f"files-{solution_from_files(files).content_hash}", "profiling", [], device, files, task)
     reply = ray_pool(settings, sandbox).run(req)
     return reply["output"], EvalResult.from_dict(reply["result"]) if reply["result"] else None
