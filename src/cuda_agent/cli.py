@@ -148,6 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from cuda_agent.bench.runner import run_bench
     from cuda_agent.bench.suite import load_suite
     from cuda_agent.evaluator.evaluate import resolve_device
+    from cuda_agent.machine import gpu_count
 
     if bool(args.solutions) == bool(args.agent):
         raise UsageError("give either --solutions DIR or --agent (with --model/--base-url or --replay)")
@@ -163,7 +164,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     solutions = Path(args.solutions) if args.solutions else None
     if solutions is not None and not solutions.is_dir():
         raise UsageError(f"--solutions {solutions} is not a folder")
-    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(max(1, args.workers or _gpu_count())))
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(max(1, args.workers or gpu_count())))
     cfg = BenchConfig(device=device, gpus=gpus, workers=args.workers or 1, agent=agent, ray_address=args.ray,
                       eval_options={"sandbox": not args.no_sandbox, "profile": not args.no_profile,
                                     "trials": args.trials, "distribution_trials": args.distribution_trials,
@@ -196,15 +197,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"geomean {m.get('geomean_vs_compile') or '-'}x vs torch.compile\n  results: {out / 'results.jsonl'}\n"
           f"  report:  {md}, {page}")
     return 0
-
-
-def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 1
-    except Exception:
-        return 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -419,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     ws.set_defaults(func=cmd_workspace)
 
     from cuda_agent.rl.cli import add_rl_parser
+    from cuda_agent.serve.cli import add_cli as add_serve_parser
 
+    add_serve_parser(sub)
     add_rl_parser(sub)
     return ap
 

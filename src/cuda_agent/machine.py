@@ -11,3 +11,13 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    """CUDA devices visible to this process (1 where there are none: one CPU slot)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 1
+    except Exception:
+        return 1

@@ -10,6 +10,8 @@ ninja file ourselves:
 - a content-hash cache of finished modules, so an unchanged solution never rebuilds;
 - a precompiled torch header for C++ files that include torch (parsing torch's headers
   is most of a small file's compile);
+- the locked binding.cpp compiled once per toolchain and linked into every module (it is
+  the same file in every workspace solution, and pybind11 takes seconds to compile);
 - ninja runs inside the sandbox with only the build directory writable;
 - compiler output comes back trimmed to the first errors with file:line.
 
@@ -33,10 +35,10 @@ from cuda_agent.evaluator.compiler_output import trim_compiler_output
 
 # PCH_HEADERS is re-exported: the workspace commands read it from here.
 from cuda_agent.evaluator.pch import PCH_HEADERS as PCH_HEADERS
-from cuda_agent.evaluator.pch import ensure_pch, locked, pch_built, pch_kind
+from cuda_agent.evaluator.pch import build_once, ensure_pch, locked, pch_built, pch_kind
 from cuda_agent.evaluator.solution import COMPILED_SUFFIXES, Solution
 from cuda_agent.evaluator.toolchain import Toolchain, detect_arch, path_env, toolchain
-from cuda_agent.files import atomic_copy
+from cuda_agent.files import atomic_copy, atomic_write
 from cuda_agent.paths import TEMPLATES, cache_dir, short_hash
 
 MODULE_NAME = "cuda_extension"
@@ -171,11 +173,34 @@ def _object_name(rel: str) -> str:
     return stem + (".cuda.o" if rel.endswith(".cu") else ".o")
 
 
-def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> str:
+def _cflags(spec: ExtensionSpec, tc: Toolchain) -> list[str]:
+    return [*tc.cflags, f"-DTORCH_EXTENSION_NAME={spec.name}", "-I../src", *spec.extra_cflags]
+
+
+def _prebuilt_binding(spec: ExtensionSpec, tc: Toolchain, timeout_s: float) -> Path | None:
+    """The object of the locked binding.cpp, compiled once per toolchain from the pristine
+    templates (outside the sandbox, like the precompiled headers: nothing of a solution
+    goes into it) and linked into every workspace module. None where the sources are not
+    the workspace's pristine ones, or it does not compile (the build then compiles it)."""
+    pristine = {name: (TEMPLATES / name).read_text() for name in LOCKED_SOURCES}
+    if spec.extra_cflags or any(spec.sources.get(n) != text for n, text in pristine.items()):
+        return None
+    cflags = _cflags(spec, tc)
+    d = cache_dir("binding", short_hash(tc.fingerprint, tc.cxx, *cflags, *pristine.values(), n=16))
+    for name, text in pristine.items():
+        if not (d / name).exists():
+            atomic_write(d / name, text)
+    obj = d / "binding.cpp.o"
+    ok = build_once(obj, lambda tmp: [tc.cxx, *cflags, "-I", str(d), "-c", str(d / "binding.cpp"), "-o", str(tmp)],
+                    timeout_s)
+    return obj if ok else None
+
+
+def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path], binding: Path | None = None) -> str:
     """Sources are named relative to the obj/ directory ninja runs in, so a build directory
     copied elsewhere stays valid (ninja sees the same commands and keeps its objects)."""
     q = shlex.quote
-    cflags = [*tc.cflags, f"-DTORCH_EXTENSION_NAME={spec.name}", "-I../src", *spec.extra_cflags]
+    cflags = _cflags(spec, tc)
     lines = [
         "ninja_required_version = 1.3",
         f"cxx = {q(tc.cxx)}",
@@ -209,8 +234,10 @@ def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> 
     else:
         lines += ["rule link", "  command = $cxx $in $ldflags -o $out"]
     lines.append("  description = link $out")
-    objects = []
+    objects = [q(str(binding))] if binding is not None else []
     for rel in spec.compiled:
+        if binding is not None and rel == "binding.cpp":
+            continue
         obj = _object_name(rel)
         objects.append(obj)
         src = f"../src/{rel}"
@@ -292,12 +319,15 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
         cfg = sandbox.SandboxConfig(**{**vars(options.sandbox), "timeout_s": options.timeout_s,
                                        "gpu_index": None, "address_space_mb": None})
 
+        binding = _prebuilt_binding(spec, tc, options.timeout_s)
+
         def ninja(pch: Mapping[str, Path], targets: list[str]) -> sandbox.RunResult:
-            ninja_text = _ninja_file(spec, tc, pch)
+            ninja_text = _ninja_file(spec, tc, pch, binding)
             ninja_path = obj_dir / "build.ninja"
             if not ninja_path.exists() or ninja_path.read_text() != ninja_text:
                 ninja_path.write_text(ninja_text)
             readonly: list[Path | tuple[Path, str]] = [Path(h).parent for h in pch.values()]
+            readonly += [binding.parent] if binding is not None else []
             readonly += [(TEMPLATES / name, str(src_dir / name)) for name in LOCKED_SOURCES if name in spec.sources]
             return sandbox.run([tc.ninja, "-C", str(obj_dir), f"-j{jobs}", *targets], cwd=obj_dir, writable=[build_dir],
                                readonly=readonly, env={"PATH": path_env(tc.ninja, tc.nvcc), "TMPDIR": "/tmp"}, config=cfg)

@@ -559,16 +559,23 @@ def prefetch_baselines(task: Task, options: EvalOptions | None = None) -> str:
             ev.clean_up()
 
 
-def prebuild(task: Task, solution: Solution, options: EvalOptions | None = None) -> bool:
-    """Build the solution's extension(s) into the content-hash cache, nothing else, so a
-    later `evaluate` of the same files finds them built (CPU work, done ahead of the GPU
-    work by the benchmark's build pool). False if it did not build; `evaluate` then
-    reports why."""
+def prebuild(task: Task, solution: Solution, options: EvalOptions | None = None) -> record.EvalResult | None:
+    """The static checks and the build alone, into the content-hash cache, so that a later
+    `evaluate` of the same files finds them built (CPU work, done ahead of the GPU work by
+    a build pool). None when it built; otherwise the record `evaluate` would give (the
+    rejection or the compile error), made without starting a process on the device."""
     opts = options or EvalOptions()
     ev = Evaluation(task, solution, opts)
     try:
-        if ev.static_violations():
-            return False
-        return ev.build().ok
+        v = verdict.static_verdict(ev.static_violations())
+        if v is None:
+            t0 = time.perf_counter()
+            built = ev.build()
+            ev.timings["build"] = time.perf_counter() - t0
+            if built.ok:
+                return None
+            v = Verdict(built.status, built.message, rule=built.rule, details={"build_cached": built.cached})
+        ev.timings["total"] = time.perf_counter() - ev.t_start
+        return ev.result(v)
     finally:
         shutil.rmtree(ev.work, ignore_errors=True)

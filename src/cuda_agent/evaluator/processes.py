@@ -95,8 +95,12 @@ def baseline_proc(layout: BaselineLayout, opts: EvalOptions, device: str, thread
     compile_cache = stack.enter_context(private_slot(cache_dir("compile")))
     try:
         env = python_env(device, threads)
+        # TMPDIR too: inductor keeps its precompiled headers under the temporary directory,
+        # not its cache directory, and the sandbox's own /tmp is new every run (seconds of
+        # header compilation on every cache hit, on the CPU).
+        (compile_cache / "tmp").mkdir(exist_ok=True)
         env.update(TORCHINDUCTOR_CACHE_DIR=str(compile_cache / "inductor"),
-                   TRITON_CACHE_DIR=str(compile_cache / "triton"))
+                   TRITON_CACHE_DIR=str(compile_cache / "triton"), TMPDIR=str(compile_cache / "tmp"))
         tail = ["--wait", device, str(warm.IDLE_S)] if wait else []
         return warm.Proc(
             [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(layout.spec), *tail],
