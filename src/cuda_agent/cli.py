@@ -166,6 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--solutions {solutions} is not a folder")
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(max(1, args.workers or gpu_count())))
     cfg = BenchConfig(device=device, gpus=gpus, workers=args.workers or 1, agent=agent, ray_address=args.ray,
+                      service_url=args.service,
                       eval_options={"sandbox": not args.no_sandbox, "profile": not args.no_profile,
                                     "trials": args.trials, "distribution_trials": args.distribution_trials,
                                     "run_timeout_s": args.timeout,
@@ -351,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible)")
     be.add_argument("--workers", type=int, default=None, help="CPU backend: workers sharing the cores; CUDA: GPUs")
     be.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster ('auto', 'local' or an address)")
+    be.add_argument("--service", metavar="URL",
+                    help="send the solutions to a running `cuda-agent serve` (http://HOST:PORT or unix:///PATH); "
+                         "default: one started for the run")
     be.add_argument("--out", help="output folder (default bench-out)")
     be.add_argument("--resume", action="store_true", help="skip tasks already in --out/results.jsonl")
     be.add_argument("--no-profile", action="store_true")

@@ -1,5 +1,6 @@
 """`cuda-agent bench` on the CPU backend: a small suite with correct, incorrect, slow and
-missing solutions; metrics and report; resume after a kill; Ray beside the local pool."""
+missing solutions; metrics and report; resume after a kill; the evaluation service (started
+for the run, or running) beside Ray."""
 
 from __future__ import annotations
 
@@ -109,6 +110,19 @@ def test_resume_after_a_kill_and_ray_gives_the_same_records(suite: tuple[Path, P
     ray_recs = run_bench(load_suite(tasks), tmp_path / "ray", solutions=sols, cfg=cfg)
     assert {r.key: (r.status, r.correct, r.reward, r.rule) for r in ray_recs} == local
     assert {r.worker for r in ray_recs} <= {"ray-cpu0", "ray-cpu1"} and metrics(ray_recs)["pass_rate"] == 0.5
+
+    # and through a running evaluation service, over HTTP
+    from cuda_agent.serve.engine import Engine, ServiceConfig
+    from cuda_agent.serve.http import Server
+
+    server = Server(Engine(ServiceConfig(device="cpu")).start()).start()
+    try:
+        cfg = BenchConfig(device="cpu", service_url=server.url, eval_options={"profile": False})
+        served = run_bench(load_suite(tasks), tmp_path / "served", solutions=sols, cfg=cfg)
+    finally:
+        server.close(grace_s=0)
+    assert {r.key: (r.status, r.correct, r.reward, r.rule) for r in served} == local
+    assert {r.worker for r in served if r.status != "missing"} == {"cpu0"}
 
 
 def test_agent_episodes_share_the_pool(suite: tuple[Path, Path], tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ class BenchConfig:
     eval_options: dict[str, Any] = field(default_factory=dict)  # passed to EvalOptions
     agent: AgentSpec | None = None
     ray_address: str | None = None
+    service_url: str | None = None  # a running `cuda-agent serve` (default: one started for the run)
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Run a suite: evaluate existing solutions, or run the agent per task, on a pool of workers.
 
 One record per task is appended to `results.jsonl` as it completes; `resume` skips
-finished tasks. The local pool (threads that drive sandboxed evaluator processes, see
-local_pool.py) is the default; `ray` (`ray_address`) runs the same jobs on actors holding
-one GPU each, for many GPUs or nodes (see ray_pool.py).
+finished tasks. Solutions go through the evaluation service (`service_pool.py`: a running
+`cuda-agent serve`, or an engine started for the run), the code path of the RL reward;
+agent episodes run on the local pool (threads per device slot, see local_pool.py); `ray`
+(`ray_address`) runs either on actors holding one GPU each, for many GPUs or nodes (see
+ray_pool.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from cuda_agent.bench.jobs import BenchConfig, Job, OnRecord
 from cuda_agent.bench.local_pool import run_local
 from cuda_agent.bench.ray_pool import run_ray
 from cuda_agent.bench.records import BenchRecord, ResultsFile, latest
+from cuda_agent.bench.service_pool import run_service
 from cuda_agent.bench.suite import Entry, find_solution
 
 
@@ -26,11 +29,11 @@ class Pool(Protocol):
     def __call__(self, jobs: list[Job], cfg: BenchConfig, out: Path, record: OnRecord) -> None: ...
 
 
-POOLS: dict[str, Pool] = {"local": run_local, "ray": run_ray}
+POOLS: dict[str, Pool] = {"service": run_service, "local": run_local, "ray": run_ray}
 
 
 def make_pool(name: str) -> Pool:
-    """The pool called `name`: "local" or "ray"."""
+    """The pool called `name`: "service", "local" or "ray"."""
     try:
         return POOLS[name]
     except KeyError:
@@ -63,6 +66,6 @@ def run_bench(entries: list[Entry], out: Path, *, solutions: Path | None, cfg: B
         if on_record is not None:
             on_record(rec)
 
-    make_pool("ray" if cfg.ray_address else "local")(jobs, cfg, out, record)
+    make_pool("ray" if cfg.ray_address else "local" if cfg.agent is not None else "service")(jobs, cfg, out, record)
     keys = {e.key for e in entries}
     return [r for k, r in latest(results.read()).items() if k in keys]

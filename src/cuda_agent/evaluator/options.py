@@ -38,7 +38,7 @@ class EvalOptions:
     threshold: float = 0.05
     compile_mode: str = "default"
     threads: int | None = None  # torch/OpenMP threads in the timed processes; default: all usable cores
-    protocol: timing.Protocol = field(default_factory=timing.Protocol)
+    protocol: timing.Protocol = field(default_factory=timing.default_protocol)
     # The device probe beside the candidate this far off the probe beside the cached
     # baselines re-measures them (see baselines.drifted); None: 0.05 on CUDA, 0.25 on the
     # CPU (whose timings between processes are noisier).

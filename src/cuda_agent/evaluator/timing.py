@@ -87,6 +87,29 @@ class Protocol:
     shift_inputs: bool = True  # new values per timed call (see the module text)
 
 
+PROTOCOL_ENV = "CUDA_AGENT_PROTOCOL"
+
+
+def default_protocol() -> Protocol:
+    """The protocol of an evaluation that names none: `Protocol()`, with the fields given
+    in $CUDA_AGENT_PROTOCOL changed ("budget_s=2,target_rel_ci=0.02"): quicker, noisier
+    profiling on a slow or shared machine (the CPU test suite sets it). Baselines measured
+    under another protocol are cached apart (it is part of their key)."""
+    spec = os.environ.get(PROTOCOL_ENV, "").strip()
+    if not spec:
+        return Protocol()
+    fields = Protocol.__dataclass_fields__
+    changes: dict[str, object] = {}
+    for item in spec.split(","):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in fields or not value.strip():
+            raise ValueError(f"${PROTOCOL_ENV}: {item!r} is not NAME=VALUE with NAME one of {', '.join(fields)}")
+        kind = type(getattr(Protocol(), name))
+        changes[name] = value.strip().lower() in ("1", "true", "yes") if kind is bool else kind(value.strip())
+    return Protocol(**changes)  # type: ignore[arg-type]
+
+
 @dataclass
 class Stats:
     median_us: float

@@ -184,6 +184,7 @@ class Slot:
     evaluations: int = 0
     restarts: int = 0
     start_error: str | None = None
+    running: WorkerProcess | None = None  # the process running `current`, while it runs
 
 
 class Engine:
@@ -341,7 +342,8 @@ class Engine:
             except Exception as exc:  # the build stage failed, not the solution: the worker builds
                 out = {"error": f"{type(exc).__name__}: {exc}"}
             if "result" in out:  # it failed to build (or was rejected): no GPU needed
-                self.counts["builds_failed_early"] += 1
+                with self._lock:
+                    self.counts["builds_failed_early"] += 1
                 self._answer(t, DONE, result=out["result"], build_s=out.get("seconds"))
             elif t.req.mode == "build" and out.get("built"):
                 self._answer(t, DONE, built=True, build_s=out.get("seconds"))
@@ -392,9 +394,11 @@ class Engine:
             if slot.proc is None:
                 self._answer(t, ERROR, error=f"no evaluation worker could be started on {slot.name}: {slot.start_error}")
                 return
+            slot.running = slot.proc  # what the deadline reaper may kill (never a replacement)
             try:
                 out = slot.proc.run(self._job(t, slot), deadline=t.deadline)
             except WorkerDied as exc:
+                slot.running = None
                 if time.monotonic() >= t.deadline:
                     self._answer(t, DEADLINE, error=f"passed its deadline while running ({exc})")
                     self._restart(slot)
@@ -408,8 +412,10 @@ class Engine:
                 self._answer(t, ERROR, error=f"the evaluation worker died twice on this request ({exc})")
                 return
             except Exception as exc:
+                slot.running = None
                 self._answer(t, ERROR, error=f"{type(exc).__name__}: {exc}")
                 return
+            slot.running = None
             if "result" in out or out.get("built") or "baselines" in out:
                 slot.evaluations += 1
                 with self._lock:
@@ -462,9 +468,9 @@ class Engine:
                     if not t.done:
                         self._answer(t, DEADLINE, error="passed its deadline while waiting to run")
             for slot in self.slots:
-                t = slot.current
-                if t is not None and t.deadline <= now and slot.proc is not None and not slot.proc.killed:
-                    slot.proc.kill()  # its _run_on answers "deadline" and starts a new worker
+                t, proc = slot.current, slot.running
+                if t is not None and proc is not None and t.deadline <= now and not proc.killed:
+                    proc.kill()  # its _run_on answers "deadline" and starts a new worker
 
     @property
     def draining(self) -> bool:
