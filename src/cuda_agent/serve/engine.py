@@ -550,7 +550,7 @@ class Engine:
         lat = m["latency_s"]
         return (f"queue {q['waiting']} (building {q['building']}, ready {q['ready']}) running {q['running']} | "
                 f"done {m['counts'][DONE]} (cached {m['cache']['hits']}) | {m['evaluations_per_hour']:.0f} evals/h | "
-                f"busy {busy} | p50 {lat['p50']} s p95 {lat['p95']} s")
+                f"busy {busy} | latency p50 {_s(lat['p50'])} p95 {_s(lat['p95'])}")
 
     def prefetch(self, tasks: Iterable[Any], options: dict[str, Any] | None = None,
                  progress: Callable[[str], None] | None = None) -> dict[str, str]:
@@ -578,6 +578,10 @@ class Engine:
             if progress is not None:
                 progress(f"prefetch {name}: {out[name]}")
         return out
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
 
 
 def _pct(sorted_values: list[float], p: float) -> float | None:
