@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from evaluator import cases as C
 
 from cuda_agent.serve.client import HTTPClient, LocalClient, QueueFullError, ServiceError
 from cuda_agent.serve.engine import Engine, FairQueue, ServiceConfig, Ticket
 from cuda_agent.serve.http import Server
 from cuda_agent.serve.requests import EvalRequest
-
-from evaluator import cases as C
 
 TASK = C.AXPBY_TASK.read_text()
 GOOD = C.axpby()
@@ -229,3 +228,27 @@ def test_the_in_process_client_gives_the_services_answers(tmp_path: Path) -> Non
         over_http = client.evaluate(TASK, "axpby", GOOD, {**FAST, "seed": 5})
         local = LocalClient(engine).evaluate(TASK, "axpby", GOOD, {**FAST, "seed": 5})
         assert local["cached"] and local["result"] == over_http["result"]
+
+
+def test_the_serve_command_listens_reports_and_drains_on_sigterm(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    sock = tmp_path / "serve.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "cuda_agent.cli", "serve", "--device", "cpu", "--port", "0",
+                             "--unix", str(sock), "--quiet"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        url = re.search(r"listening on (http://\S+)", line)
+        assert url, line
+        client = HTTPClient(url.group(1))
+        assert client.health() == {"ok": True, "draining": False}
+        assert HTTPClient(f"unix://{sock}").metrics()["workers"][0]["name"] == "cpu0"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not sock.exists()  # removed on the way out
