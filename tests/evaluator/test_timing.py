@@ -227,4 +227,6 @@ def test_timed_processes_reuse_freed_memory(tmp_path: Path) -> None:
     pages = (1 << 26) // 4096
     assert faults(plain, 1 << 24) > 120 * pages * 0.9  # above glibc's largest mmap threshold: every output
     for numel in (1 << 22, 1 << 24):
-        assert faults(timed, numel) < 1000
+        # 60 outputs made: at most one faulted in anew (under load the kernel may reclaim an
+        # idle page of the heap: 16384 faults were seen once, for 1 << 24), not one per output
+        assert faults(timed, numel) <= numel * 4 // 4096 + 1000
