@@ -44,9 +44,10 @@ class BenchConfig:
     device: str = "cpu"
     gpus: list[int] = field(default_factory=lambda: [0])  # CUDA: one worker per GPU index
     workers: int = 1  # CPU backend: workers sharing the cores
-    # 0: half the cores (CUDA); builds run inside the worker on the CPU backend
+    # the evaluation service's build threads, ahead of the GPUs; 0: half the cores (CUDA),
+    # on the CPU backend builds run inside the worker
     build_workers: int = 0
-    # None: on CUDA only (CPU builds would disturb CPU timing)
+    # builds ahead of the workers; None: on CUDA only (CPU builds would disturb CPU timing)
     overlap_builds: bool | None = None
     eval_options: dict[str, Any] = field(default_factory=dict)  # passed to EvalOptions
     agent: AgentSpec | None = None
@@ -141,14 +142,3 @@ def _agent_job(entry: Entry, cfg: BenchConfig, slot: Slot, out: Path, t0: float)
         message=f"{s.reason} after {s.turns} turns; best from {s.best_from}",
         solution=str(ep_dir / "best") if s.correct else None, seconds=_seconds_since(t0), **base)
 
-
-def prebuild_job(entry: Entry, solution: Path, cfg: BenchConfig) -> None:
-    """Build the job's solution into the build cache, ahead of its evaluation."""
-    from cuda_agent.evaluator.evaluate import EvalOptions, prebuild
-    from cuda_agent.evaluator.solution import load_solution
-
-    try:
-        opts = EvalOptions(device=cfg.device, **cfg.eval_options)
-        prebuild(entry.task, load_solution(solution), opts)
-    except Exception:
-        pass  # the evaluation will say what is wrong

@@ -30,10 +30,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.serve.engine import DEADLINE, DONE, ERROR, INTERRUPTED, Draining, Engine, QueueFull
+from cuda_agent.serve.engine import (
+    BAD_INPUT,
+    DEADLINE,
+    DONE,
+    ERROR,
+    INTERRUPTED,
+    Draining,
+    Engine,
+    QueueFull,
+)
 from cuda_agent.serve.requests import MAX_BODY_BYTES, EvalRequest, RequestError
 
-_STATUS = {DONE: 200, DEADLINE: 504, INTERRUPTED: 503, ERROR: 500, "bad-input": 400}
+_STATUS = {DONE: 200, DEADLINE: 504, INTERRUPTED: 503, ERROR: 500, BAD_INPUT: 400}
 
 
 def is_loopback(host: str) -> bool:
