@@ -109,6 +109,16 @@ def run_service(variants: list[Variant], args: argparse.Namespace, gpus: list[in
     mismatches = [(v.task_name, v.kind, v.expect, g, (ans.get("result") or {}).get("message", "")[:200])
                   for (v, ans, _), g in zip(results, got, strict=True) if g != v.expect]
     lat = [s for _, _, s in results]
+    # where an evaluation's time goes: the evaluator's own timings, median by expected verdict
+    anatomy: dict[str, dict[str, float]] = {}
+    for expect in sorted({v.expect for v, _, _ in results}):
+        recs = [(ans.get("result") or {}) for v, ans, _ in results if v.expect == expect]
+        keys = sorted({k for r in recs for k in (r.get("timings_s") or {})})
+        anatomy[expect] = {k: round(statistics.median([r["timings_s"][k] for r in recs
+                                                       if k in (r.get("timings_s") or {})]), 3) for k in keys}
+    samples = {}  # one whole record of each kind: the processes' phases
+    for v, ans, _ in results:
+        samples.setdefault(v.kind, {"task": v.task_name, **(ans.get("result") or {})})
     out.update({
         "n": len(results), "wall_s": round(wall, 1),
         "evals_per_gpu_hour": round(3600 * len(results) / wall / len(gpus), 1),
@@ -117,7 +127,7 @@ def run_service(variants: list[Variant], args: argparse.Namespace, gpus: list[in
         "verdicts": {s: got.count(s) for s in sorted(set(map(str, got)))},
         "mismatches": mismatches[:20], "n_mismatches": len(mismatches),
         "worker_restarts": m["counts"]["worker_restarts"], "builds_failed_early": m["counts"]["builds_failed_early"],
-        "loaded": loaded,
+        "loaded": loaded, "anatomy_s": anatomy, "samples": samples,
     })
     return out
 
@@ -185,7 +195,7 @@ def main() -> int:
 
     repeat = next((v for v in load if v.kind == "fused" and v.expect == "ok"), None)
     service = run_service(load, args, gpus, repeat)
-    print(f"service: {json.dumps(service)}", flush=True)
+    print(f"service: {json.dumps({k: v for k, v in service.items() if k != 'samples'})}", flush=True)
     bench = run_bench_path(other, args, gpus, root / "bench")
     print(f"bench path: {json.dumps(bench)}", flush=True)
 

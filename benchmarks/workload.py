@@ -283,6 +283,17 @@ def workload(dataset: Path, device: str, *, tasks: int = 20, per_task: int = 10,
     return out
 
 
+def input_bytes(task_code: str) -> int:
+    """The size of a task's inputs, from its get_inputs() on the meta device (nothing allocated)."""
+    import torch
+
+    ns: dict[str, Any] = {"__name__": "task"}
+    exec(compile(task_code, "<task>", "exec"), ns)
+    with torch.device("meta"):
+        inputs = ns["get_inputs"]()
+    return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dataset", type=Path)

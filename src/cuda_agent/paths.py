@@ -29,6 +29,16 @@ def cache_dir(*parts: str) -> Path:
     return d
 
 
+def runs_root() -> Path:
+    """Where evaluations keep their run directories (trial inputs and outputs): `$CUDA_AGENT_RUNS`,
+    else the cache's `runs/`. A tmpfs (/dev/shm) makes large tensors cheap to pass between
+    the processes of an evaluation; what they write there counts as their memory."""
+    env = os.environ.get("CUDA_AGENT_RUNS")
+    root = Path(env) if env else cache_root() / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root.resolve()
+
+
 @contextmanager
 def private_slot(root: Path) -> Iterator[Path]:
     """A subdirectory of `root` that no other holder (thread or process) uses while this

@@ -16,7 +16,7 @@ from cuda_agent import sandbox
 from cuda_agent.evaluator import warm
 from cuda_agent.evaluator.options import EvalOptions
 from cuda_agent.evaluator.protocol import BaselineLayout, RunLayout
-from cuda_agent.paths import cache_dir, private_slot
+from cuda_agent.paths import cache_dir, private_slot, runs_root
 
 
 def python_env(device: str, threads: int | None = None) -> dict[str, str]:
@@ -56,7 +56,7 @@ def sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.Sa
 
 def new_run_dir(prefix: str = "eval-") -> Path:
     """A fresh run directory under the cache, readable by the sandbox's uid."""
-    work = Path(tempfile.mkdtemp(prefix=prefix, dir=cache_dir("runs")))
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=runs_root()))
     os.chmod(work, 0o755)
     return work
 

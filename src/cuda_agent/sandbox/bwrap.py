@@ -43,8 +43,10 @@ def check_writable(p: Path) -> None:
     no_subtree = [Path(x) for x in ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/boot",
                                     "/dev", "/proc", "/sys")]
     no_subtree += [Path(x) for x in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
-    no_exact = [Path(x) for x in _NEVER_WRITABLE] + [Path(os.path.expanduser("~"))]
+    no_exact = [Path(x) for x in _NEVER_WRITABLE] + [Path(os.path.expanduser("~")), Path("/dev/shm")]
     for cand in (p, Path(os.path.realpath(p))):
+        if Path("/dev/shm") in cand.parents:  # a directory in the host's tmpfs (see paths.runs_root)
+            continue
         if any(cand == x or cand in x.parents for x in no_exact + no_subtree) or any(
             is_under(cand, x) for x in no_subtree
         ):
