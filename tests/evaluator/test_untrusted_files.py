@@ -86,3 +86,23 @@ def test_the_cli_and_the_workspace_commands_quote_nothing_behind_a_link(tmp_path
                            timeout=300, env=env)
         assert p.returncode != 0 and SECRET not in p.stdout + p.stderr, (module, p.stdout, p.stderr)
         assert "symbolic link" in p.stdout + p.stderr
+
+
+def test_run_files_are_mapped_read_as_written_and_never_through_a_link(tmp_path: Path) -> None:
+    import torch
+
+    from cuda_agent.evaluator.verdict import load_tensors
+    from cuda_agent.files import LinkOutside
+
+    data = {"a": torch.randn(1000), "b": [torch.arange(5)]}
+    torch.save(data, tmp_path / "zip.pt")
+    torch.save(data, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)  # not mappable: read
+    for name in ("zip.pt", "legacy.pt"):
+        got = load_tensors(tmp_path, tmp_path / name)
+        assert torch.equal(got["a"], data["a"]) and torch.equal(got["b"][0], data["b"][0])
+    os.symlink(tmp_path / "zip.pt", tmp_path / "link.pt")
+    with pytest.raises(LinkOutside):
+        load_tensors(tmp_path, tmp_path / "link.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a tensor file")
+    with pytest.raises(Exception):  # noqa: B017  (whatever torch raises; the verdict says the file is unreadable)
+        load_tensors(tmp_path, tmp_path / "junk.pt")

@@ -210,7 +210,9 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             _progress("trial", trial=k + 1)
             # (held until the next trial's are loaded: consecutive trials' inputs never share
             # an address, so a cache keyed by data pointers cannot hit in the trials)
-            cpu_inputs = torch.load(run.inputs(k), weights_only=True)
+            # (on the GPU, mapped: the reference wrote them whole and never writes them again,
+            # and they are only read, by the copy to the device)
+            cpu_inputs = torch.load(run.inputs(k), weights_only=True, mmap=device.type == "cuda")
             inputs = to_device(cpu_inputs, device)
             g = guards.GuardReport()
             trial = P.TrialReport(trial=k + 1)
@@ -269,7 +271,8 @@ def main(spec_path: Path, spare_stages: dict[str, float]) -> int:
             eager = reference_model(*torch.load(run.init_inputs, weights_only=True)).eval().to(device)
             eager.load_state_dict(torch.load(run.state_dict, weights_only=True), strict=True)
             order = _timing_sets(run, spec.trials, time.monotonic() + spec.profile.gate_timeout_s)
-            sets = [to_device(torch.load(run.inputs(k), weights_only=True), device) for k in order]
+            sets = [to_device(torch.load(run.inputs(k), weights_only=True, mmap=device.type == "cuda"), device)
+                    for k in order]
             spent: dict[str, float] = {}
             res = timing.measure({"candidate": call, "eager": eager}, sets, device.type,
                                  timing.Protocol(**spec.profile.protocol), keep_outputs=["candidate"],

@@ -49,7 +49,6 @@ from cuda_agent.evaluator.solution import SINGLE_FILE, WORKSPACE, Solution
 from cuda_agent.evaluator.solution_build import BuildOutcome, build_solution
 from cuda_agent.evaluator.static_checks import check_solution
 from cuda_agent.evaluator.verdict import Verdict
-from cuda_agent.files import open_inside
 from cuda_agent.machine import usable_cores
 from cuda_agent.tasks import Task, TaskError
 
@@ -349,15 +348,11 @@ class Evaluation:
 
     def io_bytes(self) -> int:
         """Bytes of one call's inputs and outputs (trial 1), the least traffic a call can have."""
-        import torch
-
         from cuda_agent.evaluator.tensors import tensors
 
-        try:
-            with open_inside(self.files.work, self.files.inputs(0)) as fh:
-                ins = torch.load(fh, weights_only=True)
-            with open_inside(self.files.work, self.files.expected(0)) as fh:
-                outs = torch.load(fh, weights_only=True)
+        try:  # (mapped: only the sizes are read)
+            ins = verdict.load_tensors(self.files.work, self.files.inputs(0))
+            outs = verdict.load_tensors(self.files.work, self.files.expected(0))
         except Exception:
             return 0
         return sum(t.numel() * t.element_size() for _, t in [*tensors(ins), *tensors(outs)])

@@ -287,10 +287,22 @@ def _mutated(before: Any, after: Any) -> str:
 
 def _load(files: RunLayout, path: Path) -> Any:
     """Tensors from a file of the run directory, never through a link the writer made."""
+    return load_tensors(files.work, path)
+
+
+def load_tensors(root: Path, path: Path) -> Any:
+    """Tensors from a file below `root` (opened by `open_inside`), mapped rather than read
+    when torch.save wrote it (the pages are read as they are compared: a large trial's
+    files are not copied into memory first). Only for files whose writer has ended: a
+    mapped file truncated meanwhile would fault."""
     import torch
 
-    with open_inside(files.work, path) as fh:
-        return torch.load(fh, weights_only=True)
+    with open_inside(root, path) as fh:
+        try:  # the file opened safely, mapped through its descriptor (never the path again)
+            return torch.load(f"/proc/self/fd/{fh.fileno()}", weights_only=True, mmap=True)
+        except Exception:  # not a zip-format file, or no /proc: read it as it is
+            fh.seek(0)
+            return torch.load(fh, weights_only=True)
 
 
 def _types(structure: Any) -> str:
