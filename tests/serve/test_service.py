@@ -18,7 +18,14 @@ import pytest
 from evaluator import cases as C
 
 from cuda_agent.serve.client import HTTPClient, LocalClient, QueueFullError, ServiceError
-from cuda_agent.serve.engine import Engine, FairQueue, ServiceConfig, Ticket
+from cuda_agent.serve.engine import (
+    DEVICE_LOG,
+    Engine,
+    FairQueue,
+    ServiceConfig,
+    Ticket,
+    device_overlaps,
+)
 from cuda_agent.serve.http import Server
 from cuda_agent.serve.requests import EvalRequest
 
@@ -83,6 +90,21 @@ def test_http_and_unix_socket_evaluate_cache_and_report_metrics(tmp_path: Path) 
         assert status == 200 and 'cuda_agent_worker_busy_fraction{worker="cpu0"}' in text
         assert 'cuda_agent_requests_total{outcome="done"} 3' in text and "cuda_agent_cache_hits_total 1" in text
         assert "cuda-agent serve" not in engine.progress_line() and "done 3 (cached 1)" in engine.progress_line()
+    # the device log: what each worker held, and when (the cached answer held none)
+    log = [json.loads(x) for x in (tmp_path / "logs" / DEVICE_LOG).read_text().splitlines()]
+    assert [(x["worker"], x["verdict"]) for x in log] == [("cpu0", "ok"), ("cpu0", "compile_error")]
+    assert all(x["start"] <= x["end"] for x in log) and device_overlaps(log) == []
+
+
+def test_device_log_audit_finds_shared_gpus_and_the_service_refuses_them() -> None:
+    runs = [{"id": "a", "worker": "gpu0", "gpu": 0, "start": 0.0, "end": 2.0},
+            {"id": "b", "worker": "gpu1", "gpu": 1, "start": 1.0, "end": 3.0},  # another GPU: fine
+            {"id": "c", "worker": "gpu0", "gpu": 0, "start": 2.0, "end": 4.0}]
+    assert device_overlaps(runs) == []
+    runs.append({"id": "d", "worker": "gpu0-again", "gpu": 0, "start": 3.5, "end": 5.0})
+    assert device_overlaps(runs) == [("c", "d")]
+    with pytest.raises(ValueError, match="one worker"):
+        Engine(ServiceConfig(device="cuda", gpus=[0, 1, 0]))
 
 
 def test_builds_run_ahead_and_failures_never_reach_a_worker(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import os
 import threading
@@ -43,6 +44,24 @@ from typing import Any
 
 from cuda_agent.serve.requests import EvalRequest
 from cuda_agent.serve.worker import WorkerDied, WorkerProcess
+
+DEVICE_LOG = "device.jsonl"
+
+
+def device_overlaps(lines: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Pairs of requests (ids) whose time on a device overlapped, from device.jsonl's lines:
+    none, when every measurement had its GPU (or CPU worker) to itself."""
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for ln in lines:
+        key = f"gpu{ln['gpu']}" if ln.get("gpu") is not None else str(ln["worker"])
+        by_device.setdefault(key, []).append(ln)
+    out = []
+    for runs in by_device.values():
+        runs.sort(key=lambda r: r["start"])
+        for a, b in zip(runs, runs[1:], strict=False):
+            if b["start"] < a["end"]:
+                out.append((a["id"], b["id"]))
+    return out
 
 DONE, DEADLINE, INTERRUPTED, ERROR, BAD_INPUT = "done", "deadline", "interrupted", "error", "bad-input"
 
@@ -71,7 +90,7 @@ class ServiceConfig:
     cache_size: int = 4096  # results kept (LRU)
     sandbox: bool = True
     eval_options: dict[str, Any] = field(default_factory=dict)  # the service's EvalOptions fields
-    log_dir: Path | None = None  # workers' stderr
+    log_dir: Path | None = None  # workers' stderr, and device.jsonl: which worker (GPU) ran what, and when
     grace_s: float = 600.0  # drain: how long queued and running requests may still take
 
 
@@ -219,6 +238,8 @@ class Engine:
         from cuda_agent.machine import usable_cores
 
         if self.cfg.device == "cuda":
+            if len(set(self.cfg.gpus)) != len(self.cfg.gpus):
+                raise ValueError(f"GPUs {self.cfg.gpus}: each GPU gets one worker (two would time beside each other)")
             return [Slot(f"gpu{g}", g, None) for g in self.cfg.gpus]
         n = max(1, self.cfg.workers)
         per = max(1, usable_cores() // n)
@@ -379,12 +400,29 @@ class Engine:
                 t.started = time.monotonic()
                 slot.current, slot.busy_since = t, t.started
             t.worker = slot.name
+            began = time.time()
             try:
                 self._run_on(slot, t)
             finally:
                 with self._lock:
                     slot.busy_s += time.monotonic() - (slot.busy_since or time.monotonic())
                     slot.current, slot.busy_since = None, None
+                self._log_device(slot, t, began)
+
+    def _log_device(self, slot: Slot, t: Ticket, began: float) -> None:
+        """One line of device.jsonl: the worker (and GPU) that held this request, from when
+        to when (wall clock), and what it ended as. A worker holds one request at a time and
+        each GPU has one worker, so no two measurements share a GPU: `device_overlaps` checks it."""
+        if self.cfg.log_dir is None:
+            return
+        answer = t.answer or {}
+        line = {"id": t.id, "worker": slot.name, "gpu": slot.gpu, "start": round(began, 4), "end": round(time.time(), 4),
+                "task": t.req.task_name, "mode": t.req.mode, "status": answer.get("status"),
+                "verdict": (answer.get("result") or {}).get("status"), "attempts": t.attempts}
+        with contextlib.suppress(OSError), self._lock:
+            self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.cfg.log_dir / DEVICE_LOG, "a") as fh:
+                fh.write(json.dumps(line) + "\n")
 
     def _run_on(self, slot: Slot, t: Ticket) -> None:
         while True:
