@@ -58,16 +58,25 @@ def run_service(variants: list[Variant], args: argparse.Namespace, gpus: list[in
     client = HTTPClient(server.url)
     out: dict[str, Any] = {}
 
+    detail: list[dict[str, Any]] = []
+
     def speedup(k: int) -> float | None:
         assert repeat is not None
         ans = client.evaluate(repeat.task_code, repeat.task_name, repeat.files, {"seed": 1000 + k},
                               client="repeat", retry_full_s=600)
-        return (ans.get("result") or {}).get("speedup_vs_compile")
+        res = ans.get("result") or {}
+        # beside it, what tells a slow candidate process (vs eager, timed in the same process)
+        # from a baseline that moved (vs compile, cached) when the two disagree
+        detail.append({"speedup_vs_compile": res.get("speedup_vs_compile"),
+                       "speedup_vs_eager": res.get("speedup_vs_eager"), "flags": res.get("flags"),
+                       "warm_start": (res.get("details") or {}).get("warm_start"),
+                       "baseline": (res.get("details") or {}).get("baseline")})
+        return res.get("speedup_vs_compile")
 
     try:
         if repeat is not None and args.repeat:
             out["alone"] = [speedup(k) for k in range(args.repeat)]
-            print(f"  repeat, service idle: speedup_vs_compile {out['alone']}", flush=True)
+            print(f"  repeat, service idle: speedup_vs_compile {out['alone']} ({detail})", flush=True)
         work = list(variants)
         lock = threading.Lock()
         results: list[tuple[Variant, dict[str, Any], float]] = []
@@ -138,7 +147,7 @@ def run_service(variants: list[Variant], args: argparse.Namespace, gpus: list[in
         "verdicts": {s: got.count(s) for s in sorted(set(map(str, got)))},
         "mismatches": mismatches[:20], "n_mismatches": len(mismatches),
         "worker_restarts": m["counts"]["worker_restarts"], "builds_failed_early": m["counts"]["builds_failed_early"],
-        "loaded": loaded, "anatomy_s": anatomy, "samples": samples,
+        "loaded": loaded, "repeat_detail": detail, "anatomy_s": anatomy, "samples": samples,
     })
     return out
 
