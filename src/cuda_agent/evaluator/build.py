@@ -20,6 +20,7 @@ The compiler set-up is in `toolchain.py`, the precompiled headers in `pch.py`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -80,6 +81,7 @@ class BuildOptions:
     arch: str | None = None  # "9.0"; default: the assigned GPU's, or TORCH_CUDA_ARCH_LIST
     gpu_index: int = 0
     use_pch: bool = True
+    use_object_cache: bool = True  # objects of unchanged sources reused across builds (`_object_key`)
     sandbox: sandbox.SandboxConfig = field(default_factory=sandbox.SandboxConfig)
 
 
@@ -196,9 +198,66 @@ def _prebuilt_binding(spec: ExtensionSpec, tc: Toolchain, timeout_s: float) -> P
     return obj if ok else None
 
 
-def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path], binding: Path | None = None) -> str:
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+def _object_key(spec: ExtensionSpec, tc: Toolchain, rel: str, pch: Mapping[str, Path]) -> str:
+    """What a compiled object is made of: its source, every header of the solution (any of
+    them may be included; all other compiled sources too where one is), the flags, the
+    precompiled header and the toolchain. Objects with the same key are the same bytes."""
+    compiled = set(spec.compiled)
+    headers = {r: t for r, t in spec.sources.items() if r not in compiled}
+    names = {Path(r).name for r in compiled}
+    texts = [spec.sources[rel], *headers.values()]
+    includes_compiled = any(Path(inc).name in names for t in texts for inc in _INCLUDE.findall(t))
+    deps = spec.sources if includes_compiled else {rel: spec.sources[rel], **headers}
+    parts = [tc.fingerprint, tc.cxx, *_cflags(spec, tc), rel, "|"]
+    if rel.endswith(".cu"):
+        parts += [tc.nvcc or "", *tc.cuda_cflags, *spec.extra_cuda_cflags, "|"]
+    else:
+        kind = pch_kind(spec.sources[rel])
+        if kind and kind in pch:
+            gch = Path(str(pch[kind]) + ".gch")
+            st = gch.stat() if gch.exists() else None
+            parts += [str(pch[kind]), f"{st.st_size}:{st.st_mtime_ns}" if st else "", "|"]
+    for r in sorted(deps):
+        parts += [r, deps[r]]
+    return short_hash(*parts, n=32)
+
+
+def _cached_objects(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> dict[str, Path]:
+    """The compiled sources whose object another build already made (see `_store_objects`)."""
+    root = cache_dir("objects")
+    found = {}
+    for rel in spec.compiled:
+        obj = root / f"{_object_key(spec, tc, rel, pch)}.o"
+        if obj.exists():
+            found[rel] = obj
+    return found
+
+
+def _store_objects(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path], obj_dir: Path,
+                   skip: Mapping[str, Path]) -> None:
+    """After a build that succeeded, keep the objects it compiled for the next build of the
+    same sources (an agent's edit of a kernel leaves its binding's object as it was).
+    Written by the trusted side from what the sandboxed compiler made of exactly those
+    sources; nothing of a build's own directory is trusted beyond that."""
+    root = cache_dir("objects")
+    for rel in spec.compiled:
+        if rel in skip:
+            continue
+        obj = obj_dir / _object_name(rel)
+        target = root / f"{_object_key(spec, tc, rel, pch)}.o"
+        if obj.is_file() and not obj.is_symlink() and not target.exists():
+            with contextlib.suppress(OSError):
+                atomic_copy(obj, target)
+
+
+def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path], binding: Path | None = None,
+                cached: Mapping[str, Path] | None = None) -> str:
     """Sources are named relative to the obj/ directory ninja runs in, so a build directory
-    copied elsewhere stays valid (ninja sees the same commands and keeps its objects)."""
+    copied elsewhere stays valid (ninja sees the same commands and keeps its objects).
+    `cached`: sources whose object is linked from the object cache instead of compiled."""
     q = shlex.quote
     cflags = _cflags(spec, tc)
     lines = [
@@ -237,6 +296,9 @@ def _ninja_file(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path], bin
     objects = [q(str(binding))] if binding is not None else []
     for rel in spec.compiled:
         if binding is not None and rel == "binding.cpp":
+            continue
+        if cached and rel in cached:
+            objects.append(q(str(cached[rel])))
             continue
         obj = _object_name(rel)
         objects.append(obj)
@@ -321,13 +383,22 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
 
         binding = _prebuilt_binding(spec, tc, options.timeout_s)
 
-        def ninja(pch: Mapping[str, Path], targets: list[str]) -> sandbox.RunResult:
-            ninja_text = _ninja_file(spec, tc, pch, binding)
+        objects: dict[str, Path] = {}
+
+        def ninja(pch: Mapping[str, Path], targets: list[str]) -> sandbox.RunResult | None:
+            objects.clear()
+            objects.update(_cached_objects(spec, tc, pch) if options.use_object_cache else {})
+            ninja_text = _ninja_file(spec, tc, pch, binding, objects)
+            if targets:  # (an object taken from the cache has no build edge)
+                targets = [t for t in targets if f"build {t}:" in ninja_text]
+                if not targets:
+                    return None
             ninja_path = obj_dir / "build.ninja"
             if not ninja_path.exists() or ninja_path.read_text() != ninja_text:
                 ninja_path.write_text(ninja_text)
             readonly: list[Path | tuple[Path, str]] = [Path(h).parent for h in pch.values()]
             readonly += [binding.parent] if binding is not None else []
+            readonly += list(objects.values())  # (these files alone: other solutions' objects stay unseen)
             readonly += [(TEMPLATES / name, str(src_dir / name)) for name in LOCKED_SOURCES if name in spec.sources]
             return sandbox.run([tc.ninja, "-C", str(obj_dir), f"-j{jobs}", *targets], cwd=obj_dir, writable=[build_dir],
                                readonly=readonly, env={"PATH": path_env(tc.ninja, tc.nvcc), "TMPDIR": "/tmp"}, config=cfg)
@@ -351,6 +422,7 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
                 headers = {k: f.result() for k, f in building.items()}
             pch.update({k: h for k, h in headers.items() if h is not None})
         run = ninja(pch, [])
+        assert run is not None
         log = (run.stdout + run.stderr).strip()
         so = obj_dir / f"{spec.name}.so"
         dt = time.perf_counter() - t0
@@ -367,6 +439,8 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
             msg = trim_compiler_output(log, strip_prefixes=["../src/", str(src_dir) + "/", str(obj_dir) + "/"])
             return BuildResult(ok=False, module_name=spec.name, so_path=None, log=log, duration_s=dt,
                                build_dir=build_dir, message=(msg or run.describe()) + note, rebuilt=rebuilt)
+        if options.use_object_cache:
+            _store_objects(spec, tc, pch, obj_dir, objects)
         atomic_copy(so, cached)
         origin.write_text(str(build_dir))
     return BuildResult(ok=True, module_name=spec.name, so_path=cached, log=log, duration_s=dt,
