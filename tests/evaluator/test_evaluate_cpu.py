@@ -335,12 +335,16 @@ def test_network_and_outside_writes_fail_inside_the_sandbox(tmp_path: Path) -> N
 
 
 def test_build_timeout(tmp_path: Path) -> None:
-    # A constant expression that keeps the compiler busy for minutes.
+    # Thousands of constant evaluations, each within gcc's loop and operation limits (one
+    # long one fails at those limits in a second): the compiler is busy for minutes, not
+    # only while the other sources of the build compile (their objects may be cached).
     slow = (
-        "#include <cstdint>\n"
-        "constexpr int64_t spin(int64_t n) { int64_t s = 0; for (int64_t i = 0; i < n; ++i) s += i % 7; return s; }\n"
-        "constexpr int64_t kBusy = spin(int64_t(1) << 40);\n"
-        "extern \"C\" int64_t busy() { return kBusy; }\n"
+        "#include <cstdint>\n#include <utility>\n"
+        "template <int K> constexpr int64_t spin() {\n"
+        "  int64_t s = K; for (int64_t i = 0; i < 200000; ++i) s += (i ^ K) % 7; return s; }\n"
+        "template <int K> constexpr int64_t val = spin<K>();\n"
+        "template <int... K> int64_t total(std::integer_sequence<int, K...>) { return (val<K> + ...); }\n"
+        "extern \"C\" int64_t busy() { return total(std::make_integer_sequence<int, 4000>{}); }\n"
     )
     res = run(tmp_path, C.AXPBY_TASK, C.axpby(**{"slow__cpp": slow}), build_timeout_s=5.0)
     assert res.status == "timeout"
