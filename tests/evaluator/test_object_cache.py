@@ -38,6 +38,15 @@ def test_an_edited_kernel_links_the_unchanged_bindings_cached_object() -> None:
     assert second.rebuilt == [KERNEL, "link cuda_extension.so"], second.rebuilt
     ninja = (second.build_dir / "obj" / "build.ninja").read_text()
     assert "/objects/" in ninja and "axpby_binding.cpp.o:" not in ninja
+    # a build sees only the cached objects it links: another solution's object, included
+    # by its path, is not there to be quoted in a compile error
+    tc = toolchain("cpu", None)
+    other = build.cache_dir("objects") / f"{build._object_key(spec_of(edited(f'first {run}')), tc, KERNEL, {})}.o"
+    assert other.is_file()
+    spying = edited(f"spy {run}")
+    spying[KERNEL] = f'#include "{other}"\n' + spying[KERNEL]
+    spy = build.build_extension(spec_of(spying), opts, build_key=f"objects-{run}-c")
+    assert not spy.ok and "No such file" in spy.message, spy.message
     # the module that links it is the real thing
     res = evaluate(load_task_file(C.AXPBY_TASK), solution_from_files(edited(f"second {run}")),
                    EvalOptions(device="cpu", profile=False, trials=2, distribution_trials=0,

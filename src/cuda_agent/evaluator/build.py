@@ -225,29 +225,19 @@ def _object_key(spec: ExtensionSpec, tc: Toolchain, rel: str, pch: Mapping[str, 
     return short_hash(*parts, n=32)
 
 
-def _cached_objects(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> dict[str, Path]:
-    """The compiled sources whose object another build already made (see `_store_objects`)."""
+def _object_keys(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path]) -> dict[str, Path]:
+    """Each compiled source's place in the object cache (see `_object_key`)."""
     root = cache_dir("objects")
-    found = {}
-    for rel in spec.compiled:
-        obj = root / f"{_object_key(spec, tc, rel, pch)}.o"
-        if obj.exists():
-            found[rel] = obj
-    return found
+    return {rel: root / f"{_object_key(spec, tc, rel, pch)}.o" for rel in spec.compiled}
 
 
-def _store_objects(spec: ExtensionSpec, tc: Toolchain, pch: Mapping[str, Path], obj_dir: Path,
-                   skip: Mapping[str, Path]) -> None:
+def _store_objects(places: Mapping[str, Path], obj_dir: Path) -> None:
     """After a build that succeeded, keep the objects it compiled for the next build of the
     same sources (an agent's edit of a kernel leaves its binding's object as it was).
     Written by the trusted side from what the sandboxed compiler made of exactly those
     sources; nothing of a build's own directory is trusted beyond that."""
-    root = cache_dir("objects")
-    for rel in spec.compiled:
-        if rel in skip:
-            continue
+    for rel, target in places.items():
         obj = obj_dir / _object_name(rel)
-        target = root / f"{_object_key(spec, tc, rel, pch)}.o"
         if obj.is_file() and not obj.is_symlink() and not target.exists():
             with contextlib.suppress(OSError):
                 atomic_copy(obj, target)
@@ -383,11 +373,14 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
 
         binding = _prebuilt_binding(spec, tc, options.timeout_s)
 
-        objects: dict[str, Path] = {}
+        places: dict[str, Path] = {}  # each source's object in the object cache, for the last run's headers
+        objects: dict[str, Path] = {}  # those of them already there: linked, not compiled
 
         def ninja(pch: Mapping[str, Path], targets: list[str]) -> sandbox.RunResult | None:
+            places.clear()
+            places.update(_object_keys(spec, tc, pch) if options.use_object_cache else {})
             objects.clear()
-            objects.update(_cached_objects(spec, tc, pch) if options.use_object_cache else {})
+            objects.update({rel: obj for rel, obj in places.items() if obj.exists()})
             ninja_text = _ninja_file(spec, tc, pch, binding, objects)
             if targets:  # (an object taken from the cache has no build edge)
                 targets = [t for t in targets if f"build {t}:" in ninja_text]
@@ -439,8 +432,7 @@ def build_extension(spec: ExtensionSpec, options: BuildOptions, build_key: str) 
             msg = trim_compiler_output(log, strip_prefixes=["../src/", str(src_dir) + "/", str(obj_dir) + "/"])
             return BuildResult(ok=False, module_name=spec.name, so_path=None, log=log, duration_s=dt,
                                build_dir=build_dir, message=(msg or run.describe()) + note, rebuilt=rebuilt)
-        if options.use_object_cache:
-            _store_objects(spec, tc, pch, obj_dir, objects)
+        _store_objects({rel: obj for rel, obj in places.items() if rel not in objects}, obj_dir)
         atomic_copy(so, cached)
         origin.write_text(str(build_dir))
     return BuildResult(ok=True, module_name=spec.name, so_path=cached, log=log, duration_s=dt,
