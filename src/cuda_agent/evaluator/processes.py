@@ -47,6 +47,19 @@ def python_env(device: str, threads: int | None = None) -> dict[str, str]:
     return env
 
 
+# What the fork server of the reference and candidate processes imports ahead of their
+# jobs (see sandbox.forkserver): torch and the evaluator's modules that bind their clocks
+# before any candidate code (the processes' own warm-up imports), nothing that touches CUDA.
+PRELOAD = ("torch", "torch.profiler", "cuda_agent.tasks", "cuda_agent.evaluator.child",
+           "cuda_agent.evaluator.guards", "cuda_agent.evaluator.tensors", "cuda_agent.evaluator.timing",
+           "cuda_agent.evaluator.vouch", "cuda_agent.evaluator.op_watch", "cuda_agent.evaluator.distributions",
+           "cuda_agent.evaluator.reference", "cuda_agent.evaluator.candidate")
+# ... and of the baseline process: torch.compile's machinery too (5.7 s of imports here).
+BASELINE_PRELOAD = ("torch", "torch.profiler", "torch._dynamo", "torch._inductor.compile_fx", "cuda_agent.tasks",
+                    "cuda_agent.evaluator.child", "cuda_agent.evaluator.tensors", "cuda_agent.evaluator.timing",
+                    "cuda_agent.evaluator.baseline_run")
+
+
 def sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.SandboxConfig:
     return sandbox.SandboxConfig(
         enabled=opts.sandbox, timeout_s=timeout, max_processes=opts.max_processes,
@@ -74,10 +87,10 @@ def command(kind: str, run: RunLayout, opts: EvalOptions, device: str, threads: 
     if kind == "reference":
         return ([sys.executable, "-m", "cuda_agent.evaluator.reference", str(run.reference_spec), *tail],
                 dict(cwd=run.private, writable=[run.shared, run.private],
-                     env=python_env(device), config=config))
+                     env=python_env(device), config=config, preload=PRELOAD))
     return ([sys.executable, "-m", "cuda_agent.evaluator.candidate", str(run.candidate_spec), *tail],
             dict(cwd=run.run, writable=[run.run], readonly=[run.shared, run.cin, run.gate],
-                 env=python_env(device, threads), config=config))
+                 env=python_env(device, threads), config=config, preload=PRELOAD))
 
 
 def start(kind: str, run: RunLayout, opts: EvalOptions, device: str, threads: int,
@@ -106,7 +119,7 @@ def baseline_proc(layout: BaselineLayout, opts: EvalOptions, device: str, thread
             [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(layout.spec), *tail],
             cwd=layout.out, writable=[layout.out, compile_cache], readonly=[layout.task_code.parent, layout.gate],
             env=env, config=sandbox_config(opts, opts.run_timeout_s, device), timeout_s=timeout_s,
-            on_exit=stack.close)
+            on_exit=stack.close, preload=BASELINE_PRELOAD)
     except BaseException:
         stack.close()
         raise

@@ -55,22 +55,22 @@ class Proc:
     def __init__(self, argv: list[str], *, cwd: Path, writable: Sequence[Path] = (),
                  readonly: Sequence[Path | tuple[Path, str]] = (), env: Mapping[str, str] | None = None,
                  config: sandbox.SandboxConfig, timeout_s: float,
-                 on_exit: Callable[[], object] | None = None) -> None:
+                 on_exit: Callable[[], object] | None = None, preload: Sequence[str] = ()) -> None:
         self.deadline = sandbox.Deadline(time.monotonic() + timeout_s)
         self.result: sandbox.RunResult | None = None
         self.error: BaseException | None = None
         self.started = time.perf_counter()
         self._on_exit = on_exit  # called once the process has ended (releases what it held)
         self._thread = threading.Thread(
-            target=self._go, args=(argv, cwd, list(writable), list(readonly), env, config), daemon=True,
-            name="cuda-agent-sandboxed")
+            target=self._go, args=(argv, cwd, list(writable), list(readonly), env, config, tuple(preload)),
+            daemon=True, name="cuda-agent-sandboxed")
         self._thread.start()
 
     def _go(self, argv: list[str], cwd: Path, writable: list[Path], readonly: list[Path | tuple[Path, str]],
-            env: Mapping[str, str] | None, config: sandbox.SandboxConfig) -> None:
+            env: Mapping[str, str] | None, config: sandbox.SandboxConfig, preload: tuple[str, ...]) -> None:
         try:
             self.result = sandbox.run(argv, cwd=cwd, writable=writable, readonly=readonly, env=env,
-                                      config=config, deadline=self.deadline)
+                                      config=config, deadline=self.deadline, preload=preload)
         except BaseException as exc:  # handed to whoever waits
             self.error = exc
         finally:

@@ -12,11 +12,14 @@ import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from cuda_agent.sandbox import forkserver
 from cuda_agent.sandbox.bwrap import (
     SYSTEM_DIRS,
     Features,
@@ -47,6 +50,9 @@ log = logging.getLogger(__package__)
 _DRAIN_GRACE_S = 1.0  # how long to keep reading pipes after the command ended
 _READ_CHUNK = 1 << 16
 _WATCH_S = 0.2  # how often a run with a pids cgroup is checked for a refused fork
+_HOLDER_READY_S = 60.0  # how long bwrap may take to set up a fork server job's sandbox
+# Why fork servers are not used in this process (set by the first failure to enter a sandbox).
+_forking_disabled: str | None = None
 
 
 # --------------------------------------------------------------------------- output capture
@@ -123,6 +129,14 @@ class Launch:
         self._info = b""
         self._child: int | None = None
         self.limit: str | None = None  # the limit the run was stopped at (RunResult.limit)
+        # a Python module run by a fork server (see forkserver): the job, the preload and
+        # the holder's command line (it says "up" on its stdout once the sandbox is made)
+        self.fork_job: forkserver.Job | None = None
+        self.preload: tuple[str, ...] = ()
+        self.holder_argv: list[str] = []
+        self._limits: dict[int, int] = {}
+        self._groups: list[int] = []
+        self._sandbox_prefix: list[str] = []
 
     @classmethod
     @contextlib.contextmanager
@@ -137,10 +151,13 @@ class Launch:
         config: SandboxConfig,
         bwrap: str | None,
         features: Features | None,
+        preload: Sequence[str] = (),
     ) -> Iterator[Launch]:
         launch = cls(config, sandboxed=bwrap is not None)
         try:
             launch._setup(list(argv), cwd, writable, readonly, env, bwrap, features)
+            if preload:
+                launch._plan_fork(list(argv), tuple(preload), cwd, limits=launch._limits)
             yield launch
         finally:
             launch._cleanup()
@@ -184,7 +201,7 @@ class Launch:
             home = tmp = self.private_dir
             nproc = None if root else count_user_tasks(os.getuid()) + config.max_processes
         self.env = build_env(env, config, home, tmp)
-        limits = rlimits(config, nproc)
+        limits = self._limits = rlimits(config, nproc)
         prefix = prlimit_prefix(limits)
         if prefix is None:
             prefix, self.preexec = [], limits_preexec(limits)
@@ -220,6 +237,22 @@ class Launch:
                           features=features, unprivileged=not root)
         args[1:1] = ["--info-fd", str(self.info_w)]
         self.argv = prefix + args + inner + argv
+        self._groups = groups if root else []
+        self._sandbox_prefix = prefix + args + inner
+
+    def _plan_fork(self, argv: list[str], preload: tuple[str, ...], cwd: Path, limits: Mapping[int, int]) -> None:
+        """Run `python -m MODULE ARGS` through a fork server, where one can be used: the
+        sandbox as root (its holder is dropped to the run's uid like any command), no
+        forking disabled in this process."""
+        if (not self.sandboxed or self.uid is None or _forking_disabled is not None or len(argv) < 3
+                or argv[:2] != [sys.executable, "-m"] or os.environ.get("CUDA_AGENT_FORKSERVER") == "0"):
+            return
+        self.holder_argv = self._sandbox_prefix + ["/bin/sh", "-c", "echo up; exec sleep infinity"]
+        self.preload = preload
+        self.fork_job = forkserver.Job(
+            module=argv[2], args=argv[3:], env=dict(self.env), cwd=str(abs_path(cwd)), uid=self.uid,
+            groups=list(self._groups), rlimits=dict(limits),
+            cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else [])
 
     def _cleanup(self) -> None:
         for fd in (self.info_r, self.info_w):
@@ -247,6 +280,10 @@ class Launch:
         moving = deadline is not None
         if deadline is None:
             deadline = Deadline(t0 + max(0.0, self.config.timeout_s))
+        if self.fork_job is not None and not stdin:
+            forked = self._execute_forked(t0, deadline, moving)
+            if forked is not None:
+                return forked
         out, err = Capture(self.config.max_output_bytes), Capture(self.config.max_output_bytes)
         try:
             proc = subprocess.Popen(
@@ -265,8 +302,15 @@ class Launch:
             self.info_w = None
         timed_out = False
         try:
-            timed_out = self._pump(proc, stdin, out, err, deadline, moving)
+            assert proc.stdout is not None and proc.stderr is not None
+            timed_out = self._pump([(proc.stdout.fileno(), out), (proc.stderr.fileno(), err)],
+                                   proc.stdin, stdin, self._pidfd(proc.pid), lambda: self.exited(proc),
+                                   lambda: self.kill_tree(proc), deadline, moving)
         finally:
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
             if self.cgroup is not None:  # (before the kill, whose refused forks are ours)
                 self.limit = self.limit or self.cgroup.limit_hit()
             self.kill_tree(proc)
@@ -285,25 +329,29 @@ class Launch:
                          timed_out=timed_out, duration_s=duration, signal=sig,
                          sandboxed=self.sandboxed, limit=self.limit)
 
-    def _pump(self, proc: subprocess.Popen[bytes], stdin: bytes | None, out: Capture,
-              err: Capture, deadline_at: Deadline, moving: bool = False) -> bool:
-        """Feed stdin, capture output, watch the clock. True if the timeout hit."""
-        sel = selectors.DefaultSelector()
-        pidfd: int | None = None
+    @staticmethod
+    def _pidfd(pid: int) -> int | None:
         try:
-            assert proc.stdout is not None and proc.stderr is not None
-            for stream, cap in ((proc.stdout, out), (proc.stderr, err)):
-                os.set_blocking(stream.fileno(), False)
-                sel.register(stream.fileno(), selectors.EVENT_READ, cap)
+            return os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return None
+
+    def _pump(self, readers: list[tuple[int, Capture]], stdin_file: Any, stdin: bytes | None,
+              exit_fd: int | None, ended: Callable[[], bool], kill: Callable[[], None],
+              deadline_at: Deadline, moving: bool = False) -> bool:
+        """Feed stdin, capture output, watch the clock until `ended()`; `exit_fd` (closed
+        here) turns readable at the end. True if the timeout hit."""
+        sel = selectors.DefaultSelector()
+        try:
+            for fd, cap in readers:
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ, cap)
             pending = memoryview(stdin or b"")
-            if proc.stdin is not None:
-                os.set_blocking(proc.stdin.fileno(), False)
-                sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, None)
-            try:
-                pidfd = os.pidfd_open(proc.pid)
-                sel.register(pidfd, selectors.EVENT_READ, "exit")
-            except (AttributeError, OSError):
-                pidfd = None
+            if stdin_file is not None:
+                os.set_blocking(stdin_file.fileno(), False)
+                sel.register(stdin_file.fileno(), selectors.EVENT_WRITE, None)
+            if exit_fd is not None:
+                sel.register(exit_fd, selectors.EVENT_READ, "exit")
             timed_out = False
             ended_at: float | None = None
             deadline = deadline_at.at
@@ -320,23 +368,23 @@ class Launch:
                     assert self.cgroup is not None
                     if self.cgroup.limit_hit() == PROCESSES:
                         self.limit = PROCESSES
-                        self.kill_tree(proc)
+                        kill()
                         ended_at = now
-                if ended_at is None and self.exited(proc):
+                if ended_at is None and ended():
                     ended_at = now
-                    self.kill_tree(proc)  # nothing may outlive the command
+                    kill()  # nothing may outlive the command
                 if ended_at is None and now >= deadline:
                     if timed_out:  # killed 10 s ago and still not gone
                         return True
                     timed_out = True
-                    self.kill_tree(proc)
+                    kill()
                     deadline = now + 10.0
                     continue
-                readers = [k for k in sel.get_map().values() if isinstance(k.data, Capture)]
-                if ended_at is not None and (not readers or now >= ended_at + _DRAIN_GRACE_S):
+                readers_left = [k for k in sel.get_map().values() if isinstance(k.data, Capture)]
+                if ended_at is not None and (not readers_left or now >= ended_at + _DRAIN_GRACE_S):
                     return timed_out
                 wait = deadline - now if ended_at is None else ended_at + _DRAIN_GRACE_S - now
-                if pidfd is None and ended_at is None:
+                if exit_fd is None and ended_at is None:
                     wait = min(wait, 0.05)
                 if moving and ended_at is None:
                     wait = min(wait, Deadline.POLL_S)
@@ -355,7 +403,7 @@ class Launch:
                             pending = pending[:0]
                         if not pending:
                             sel.unregister(key.fd)
-                            proc.stdin.close()  # type: ignore[union-attr]
+                            stdin_file.close()
                     else:
                         try:
                             data = os.read(key.fd, _READ_CHUNK)
@@ -369,12 +417,159 @@ class Launch:
                             sel.unregister(key.fd)
         finally:
             sel.close()
-            if pidfd is not None:
-                os.close(pidfd)
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if exit_fd is not None:
+                os.close(exit_fd)
+
+    def _execute_forked(self, t0: float, deadline: Deadline, moving: bool) -> RunResult | None:
+        """Run the fork job: bwrap makes the sandbox around a holder, a fork server's child
+        enters it and runs the module (see forkserver). None when the job could not be
+        handed over before any of its code ran: the caller then execs it as usual."""
+        global _forking_disabled
+        assert self.fork_job is not None
+        server = forkserver.server_for(self.env, self.preload)
+        if server is None:
+            return None
+        out, err = Capture(self.config.max_output_bytes), Capture(self.config.max_output_bytes)
+        try:
+            proc = subprocess.Popen(
+                self.holder_argv, cwd=self.popen_cwd, env=self.env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                pass_fds=(self.info_w,) if self.info_w is not None else (), preexec_fn=self.preexec)
+        except OSError:
+            return None
+        if self.info_w is not None:
+            os.close(self.info_w)
+            self.info_w = None
+        mine: list[int] = []  # our ends, closed at the end
+        handed = False
+        try:
+            up = self._wait_holder(proc, deadline)
+            pid1 = self._child_pid() if up else None
+            if pid1 is None:  # bwrap failed to set up (its own words are the result)
+                return self._finish_unforked(proc, t0)
+            status_r, status_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            mine += [status_r, out_r, err_r]
+            theirs = [status_w, out_w, err_w]
+            try:
+                theirs += [os.open(f"/proc/{pid1}/ns/{n}", os.O_RDONLY) for n in forkserver.NAMESPACES]
+                server.spawn(self.fork_job, theirs)
+                handed = True
+            except (OSError, forkserver.ServerError) as exc:
+                log.warning("fork server: %s; this run and the next exec", exc)
+                forkserver.forget(server)
+                return None
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+            status = b""
+
+            def ended() -> bool:
+                nonlocal status
+                if status:
+                    return True
+                try:
+                    status = os.read(status_r, 4096) or b"gone"
+                except BlockingIOError:
+                    return False
+                return True
+
+            assert proc.stdout is not None and proc.stderr is not None
+            readers = [(out_r, out), (err_r, err), (proc.stdout.fileno(), err), (proc.stderr.fileno(), err)]
+            os.set_blocking(status_r, False)
+            mine.remove(status_r)
+            timed_out = False
+            text = ""
+            try:
+                # (the holder's end ends the namespace and all in it, the job's whole tree;
+                # the run's cgroup is left as it is until the job is known to have run)
+                timed_out = self._pump(readers, None, None, status_r, ended, lambda: self._kill_holder(proc),
+                                       deadline, moving)
+                text = status.decode(errors="replace")
+                if text.startswith("error "):
+                    # the child could not enter the sandbox: nothing of the job ran
+                    _forking_disabled = text[6:]
+                    log.warning("fork server disabled in this process: %s", _forking_disabled)
+                    handed = False
+                    return None
+            finally:
+                if handed:
+                    if self.cgroup is not None:
+                        self.limit = self.limit or self.cgroup.limit_hit()
+                    self.kill_tree(proc)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=30)
+            returncode: int | None = None
+            sig: int | None = None
+            if text.startswith("status ") and not timed_out:
+                returncode = os.waitstatus_to_exitcode(int(text[7:]))
+                if returncode < 0:
+                    sig = -returncode
+            elif not timed_out:  # the child was killed with the tree before it could say
+                returncode, sig = -signal.SIGKILL, signal.SIGKILL
+            if self.limit is not None:
+                timed_out = False
+            return RunResult(returncode=returncode, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
+                             duration_s=time.monotonic() - t0, signal=sig, sandboxed=True, limit=self.limit)
+        finally:
+            if not handed:
+                self._kill_holder(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=30)
+            for fd in mine:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     with contextlib.suppress(OSError):
                         stream.close()
+
+    def _kill_holder(self, proc: subprocess.Popen[bytes]) -> None:
+        """End the holder's sandbox (its namespace, and so all in it) without touching the
+        run's cgroup, which a run exec'd after a failed handover still needs."""
+        if proc.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._wait_namespace()
+
+    def _wait_holder(self, proc: subprocess.Popen[bytes], deadline: Deadline) -> bool:
+        """Wait until the holder says the sandbox is up (False: bwrap ended, or too slow)."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        os.set_blocking(fd, False)
+        said = b""
+        end = min(deadline.at, time.monotonic() + _HOLDER_READY_S)
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while time.monotonic() < end and len(said) < 3:
+                if sel.select(timeout=0.05):
+                    try:
+                        chunk = os.read(fd, 3 - len(said))
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        return False
+                    said += chunk
+                elif proc.poll() is not None:
+                    return False
+        return said == b"up\n"
+
+    def _finish_unforked(self, proc: subprocess.Popen[bytes], t0: float) -> RunResult:
+        """The result of a holder whose bwrap ended (or hung) before the sandbox was up."""
+        self._kill_holder(proc)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                os.set_blocking(stream.fileno(), True)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+            rc: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            stdout, stderr, rc = b"", b"", None
+        returncode, sig = _decode_status(rc, True) if rc is not None else (None, None)
+        return RunResult(returncode=returncode, stdout=stdout.decode(errors="replace"),
+                         stderr=stderr.decode(errors="replace"), timed_out=False,
+                         duration_s=time.monotonic() - t0, signal=sig, sandboxed=True, limit=self.limit)
 
     @staticmethod
     def exited(proc: subprocess.Popen[bytes]) -> bool:

@@ -94,11 +94,16 @@ def run(
     config: SandboxConfig | None = None,
     stdin: bytes | None = None,
     deadline: Deadline | None = None,
+    preload: Sequence[str] = (),
 ) -> RunResult:
     """Run `argv` in `cwd` as configured; never raises for what the program does.
 
     `deadline`, when given, replaces `config.timeout_s`: the command is killed once the
     monotonic clock passes `deadline.at`, which may change while it runs.
+
+    `preload`, for an argv `[sys.executable, "-m", MODULE, ...]`: the modules a fork
+    server imports once, ahead of every such run (see forkserver): the run then starts in
+    milliseconds instead of seconds, where the sandbox runs as root; elsewhere it is exec'd.
 
     Raises SandboxUnavailable if `config.enabled` and bwrap does not work here, and
     ValueError for bad arguments (empty argv, a missing cwd/writable/readonly path, a
@@ -109,7 +114,7 @@ def run(
         raise ValueError("argv is empty")
     bwrap, features = working_bwrap(config)
     with Launch.prepare(argv, cwd=cwd, writable=writable, readonly=readonly, env=env,
-                        config=config, bwrap=bwrap, features=features) as launch:
+                        config=config, bwrap=bwrap, features=features, preload=preload) as launch:
         return launch.execute(stdin, deadline)
 
 
