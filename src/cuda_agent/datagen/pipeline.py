@@ -137,7 +137,7 @@ def with_size(code: str, var: str, value: int) -> str:
 def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
     """Run the sandboxed stages; returns check.py's result (or a failure of `runs`)."""
     from cuda_agent import sandbox
-    from cuda_agent.evaluator.processes import BASELINE_PRELOAD, python_env
+    from cuda_agent.evaluator.processes import BASELINE_PRELOAD, preload, python_env
 
     with tempfile.TemporaryDirectory(prefix="datagen-") as d:
         work = Path(d)
@@ -173,7 +173,7 @@ def _check(code: str, cfg: DatagenConfig) -> dict[str, Any]:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
         r = sandbox.run([sys.executable, "-m", "cuda_agent.datagen.check", str(work / "spec.json")], cwd=work,
-                        writable=[work], readonly=readonly, env=env, config=conf, preload=BASELINE_PRELOAD)
+                        writable=[work], readonly=readonly, env=env, config=conf, preload=preload(BASELINE_PRELOAD, cfg.device))
         try:
             return json.loads((work / "out" / "result.json").read_text())
         except (OSError, ValueError):

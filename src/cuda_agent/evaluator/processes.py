@@ -60,6 +60,15 @@ BASELINE_PRELOAD = ("torch", "torch.profiler", "torch._dynamo", "torch._inductor
                     "cuda_agent.evaluator.baseline_run")
 
 
+def preload(modules: tuple[str, ...], device: str) -> tuple[str, ...]:
+    """`modules` for a fork server where one is used for `device`: on the CPU; on CUDA only
+    with CUDA_AGENT_FORKSERVER=1 (CUDA in a job forked from a server that never touched
+    it is what torch's own fork rules allow, but it has not yet been run on a GPU here)."""
+    if device == "cpu" or os.environ.get("CUDA_AGENT_FORKSERVER") == "1":
+        return modules
+    return ()
+
+
 def sandbox_config(opts: EvalOptions, timeout: float, device: str) -> sandbox.SandboxConfig:
     return sandbox.SandboxConfig(
         enabled=opts.sandbox, timeout_s=timeout, max_processes=opts.max_processes,
@@ -87,10 +96,10 @@ def command(kind: str, run: RunLayout, opts: EvalOptions, device: str, threads: 
     if kind == "reference":
         return ([sys.executable, "-m", "cuda_agent.evaluator.reference", str(run.reference_spec), *tail],
                 dict(cwd=run.private, writable=[run.shared, run.private],
-                     env=python_env(device), config=config, preload=PRELOAD))
+                     env=python_env(device), config=config, preload=preload(PRELOAD, device)))
     return ([sys.executable, "-m", "cuda_agent.evaluator.candidate", str(run.candidate_spec), *tail],
             dict(cwd=run.run, writable=[run.run], readonly=[run.shared, run.cin, run.gate],
-                 env=python_env(device, threads), config=config, preload=PRELOAD))
+                 env=python_env(device, threads), config=config, preload=preload(PRELOAD, device)))
 
 
 def start(kind: str, run: RunLayout, opts: EvalOptions, device: str, threads: int,
@@ -119,7 +128,7 @@ def baseline_proc(layout: BaselineLayout, opts: EvalOptions, device: str, thread
             [sys.executable, "-m", "cuda_agent.evaluator.baseline_run", str(layout.spec), *tail],
             cwd=layout.out, writable=[layout.out, compile_cache], readonly=[layout.task_code.parent, layout.gate],
             env=env, config=sandbox_config(opts, opts.run_timeout_s, device), timeout_s=timeout_s,
-            on_exit=stack.close, preload=BASELINE_PRELOAD)
+            on_exit=stack.close, preload=preload(BASELINE_PRELOAD, device))
     except BaseException:
         stack.close()
         raise

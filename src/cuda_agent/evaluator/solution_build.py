@@ -62,7 +62,7 @@ def capture_inline(solution: Solution, opts: EvalOptions, device: str,
     run = sandbox.run(
         [sys.executable, "-m", "cuda_agent.evaluator.inline_capture", str(d), str(out)],
         cwd=d, writable=[d], env=processes.python_env(device),
-        config=processes.sandbox_config(opts, opts.run_timeout_s, "cpu"), preload=processes.PRELOAD,
+        config=processes.sandbox_config(opts, opts.run_timeout_s, "cpu"), preload=processes.preload(processes.PRELOAD, device),
     )
     report = CaptureReport.read(out, inside=scratch)  # (written where model_new.py ran)
     if run.timed_out:
