@@ -15,6 +15,8 @@ import pytest
 
 from cuda_agent import sandbox as sb
 from cuda_agent.sandbox import forkserver
+from cuda_agent.sandbox.bwrap import build_env
+from cuda_agent.sandbox.limits import RunCgroup
 
 AVAILABLE, REASON = sb.sandbox_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE or os.geteuid() != 0,
@@ -138,3 +140,21 @@ def test_a_server_that_cannot_start_leaves_runs_execd(work: Path) -> None:
     assert res.returncode == 3 and not json.loads(res.stdout)["preloaded"], res
     why = [v for v in forkserver._servers.values() if isinstance(v, str)]
     assert any("no_such_module_here" in w for w in why), forkserver._servers
+
+
+@pytest.mark.skipif(not RunCgroup.available("memory"), reason="no memory cgroup here")
+def test_a_forked_job_is_killed_at_its_memory_limit(work: Path) -> None:
+    hog = "import time\nx = bytearray(600 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1\ntime.sleep(30)"
+    res = job(work, "hog", hog, memory_mb=200, timeout_s=60)
+    assert res.limit == sb.MEMORY and not res.ok and res.duration_s < 30, res
+
+
+@pytest.mark.parametrize("modules", ["PRELOAD", "BASELINE_PRELOAD"])
+def test_the_evaluators_servers_start(modules: str) -> None:
+    # Their imports start no thread and no CUDA: otherwise every evaluation would quietly
+    # be exec'd again, seconds slower.
+    from cuda_agent.evaluator import processes
+
+    env = build_env(processes.python_env("cpu", 2), sb.SandboxConfig(), "/tmp", "/tmp")
+    server = forkserver.server_for(env, getattr(processes, modules))
+    assert server is not None and server.alive(), forkserver._servers
