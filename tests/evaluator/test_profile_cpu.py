@@ -65,9 +65,10 @@ def test_profiled_solution_has_times_speedups_and_reward(tmp_path: Path) -> None
     # when each step of the evaluation ended: in order, the baselines measured before the
     # candidate's end (its timing waited for them), all within the evaluation's total
     steps = res.details["evaluator_phases_s"]
-    assert list(steps) == ["static checks", "reference started", "built", "baselines planned",
+    assert list(steps) == ["static checks", "reference started", "built", "baselines planned", "trials checked",
                            "baselines measured", "candidate ended", "reference ended", "outputs checked",
                            "speed judged"], steps
+    assert res.details["profile_gate"] == "go"
     # (marks are rounded to 0.1 ms, timings_s to 1 ms)
     assert list(steps.values()) == sorted(steps.values()) and steps["speed judged"] <= res.timings_s["total"] + 6e-4
     assert steps["candidate ended"] - steps["baselines measured"] >= res.details["candidate_measure_s"]["rounds"] - 2e-4
@@ -76,6 +77,21 @@ def test_profiled_solution_has_times_speedups_and_reward(tmp_path: Path) -> None
     assert "baseline_measure_s" not in again.details
     assert again.times_us["compile"] == res.times_us["compile"]  # the cached numbers
     assert "baselines measured" not in again.details["evaluator_phases_s"]
+
+
+def test_a_wrong_solution_is_answered_without_its_profile(tmp_path: Path) -> None:
+    # The candidate gets the device for its timing only once its trials were found right;
+    # the trials are checked again at the end, and the verdict is the same as without.
+    task = own_task(tmp_path, "wrong_unprofiled")
+    assert prof(tmp_path / "a", C.axpby(), task).status == "ok"  # (the baselines cached)
+    kernel = C.AXPBY_KERNELS["kernels/axpby.cpp"].replace("alpha * a[i] + b[i]", "alpha * a[i] - b[i]")
+    wrong = prof(tmp_path / "b", C.axpby(axpby__cpp=kernel), task)
+    assert wrong.status == "incorrect" and "trial 1 of" in wrong.message, wrong.message
+    assert wrong.details["profile_gate"].startswith("cancelled") and "profile" not in wrong.timings_s
+    assert "profile" not in wrong.details["candidate_phases_s"] and not wrong.times_us
+    right = prof(tmp_path / "c", C.axpby(), task, drift_bound=10.0)
+    assert right.status == "ok" and right.details["profile_gate"] == "go" and right.speedup_vs_compile
+    assert "trials checked" in right.details["evaluator_phases_s"]
 
 
 def test_slow_kernel_is_correct_but_earns_only_one(tmp_path: Path) -> None:

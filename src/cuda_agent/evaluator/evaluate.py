@@ -79,6 +79,7 @@ class Evaluation:
         self.baseline_error: str | None = None
         self.baseline_runs: list[BaselineRun] = []
         self.gated = False  # the candidate's profile waits for a baseline measurement
+        self.trials_right: dict[int, Any] = {}  # trial -> its report, found right before the profile
         self.vouched: vouch.VouchedRun | None = None  # the parent's timed batches of the candidate
         self.warm_baseline = opts.warm and (opts.warm_baseline if opts.warm_baseline is not None
                                             else self.device == "cuda")
@@ -290,8 +291,7 @@ class Evaluation:
         cached = baselines.load(baseline_key(self.task, self.opts, self.device, self.threads)) \
             if self.opts.baseline_cache else None
         if cached is not None:
-            self.baseline = cached
-            protocol.write_marker(self.files.gate / protocol.GO)
+            self.baseline = cached  # (the candidate gets the device once its trials pass, `gate_on_trials`)
             return None
         self.gated = True
         return self.new_baseline_run(gated=True)
@@ -333,7 +333,41 @@ class Evaluation:
             time.sleep(0.01)
         base.go()
         self.finish_baseline(base)
-        protocol.write_marker(self.files.gate / protocol.GO)
+        self.gate_on_trials(ref, cand)
+
+    def gate_on_trials(self, ref: threading.Thread, cand: threading.Thread) -> None:
+        """Give the candidate the device for its profile once its trials are known to be
+        right, and cancel the profile when one is not: an incorrect solution is answered
+        without being timed. The trials are checked again at the end, from the candidate's
+        final report; a trial already found right here, whose report has not changed, is
+        not compared again (what the candidate wrote after its trials, it wrote; changing
+        a file later gains it nothing)."""
+        free = self.files.out / protocol.DEVICE_FREE
+        while cand.is_alive() and not (free.exists() and self.reference_idle(ref)):
+            time.sleep(0.01)
+        if not cand.is_alive():
+            return  # it ended without asking for the device: its verdict says why
+        go = False
+        try:
+            reference = protocol.ReferenceReport.read(self.files.reference_report, inside=self.files.work)
+            report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
+            if reference is not None and reference.ok and report is not None and report.verified \
+                    and len(report.trials) == len(self.seeds):
+                plan = list(zip(self.seeds, self.kinds, strict=True))
+                go = True
+                for k, trial in enumerate(report.trials):
+                    if str(k) in reference.skipped:
+                        continue
+                    if verdict.trial_verdict(trial, k, plan, reference, self.files, self.opts.atol,
+                                             self.opts.rtol) is not None:
+                        go = False
+                        break
+                    self.trials_right[k] = trial
+        except Exception:  # (whatever could not be read is judged at the end)
+            go = False
+        self.details["profile_gate"] = "go" if go else "cancelled: a trial failed or could not be checked"
+        self.mark("trials checked")
+        protocol.write_marker(self.files.gate / (protocol.GO if go else protocol.CANCEL))
 
     def remeasure_if_drifted(self, profile: protocol.ProfileReport) -> bool:
         """Cached baselines from a device that is not what it is now are measured again;
@@ -437,6 +471,8 @@ class Evaluation:
             if base_run is not None:
                 self.schedule_device(base_run, cand_thread, ref_thread)
                 self.mark("baselines measured")
+            elif self.opts.profile:
+                self.gate_on_trials(ref_thread, cand_thread)
             cand_thread.join()
             self.mark("candidate ended")
             self.finish_reference(ref_thread)
@@ -446,7 +482,8 @@ class Evaluation:
             report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
             v = verdict.correctness_verdict(cand["run"], report, protocol.Progress.read(self.files.progress, inside=self.files.work),
                                             reference, self.files, list(zip(self.seeds, self.kinds, strict=True)),
-                                            self.opts.atol, self.opts.rtol, self.opts.run_timeout_s)
+                                            self.opts.atol, self.opts.rtol, self.opts.run_timeout_s,
+                                            right=self.trials_right)
             self.mark("outputs checked")
             if v.correct and self.opts.profile:
                 v = self.judge_speed(v, report)
