@@ -336,12 +336,14 @@ class Evaluation:
         self.gate_on_trials(ref, cand)
 
     def gate_on_trials(self, ref: threading.Thread, cand: threading.Thread) -> None:
-        """Give the candidate the device for its profile once its trials are known to be
-        right, and cancel the profile when one is not: an incorrect solution is answered
-        without being timed. The trials are checked again at the end, from the candidate's
-        final report; a trial already found right here, whose report has not changed, is
-        not compared again (what the candidate wrote after its trials, it wrote; changing
-        a file later gains it nothing)."""
+        """Give the candidate the device for its profile once its trials look right, and
+        cancel the profile when one does not: an incorrect solution is answered without
+        being timed. Here every trial's report is checked, and the first judged trial's
+        outputs (read whole, not mapped: their writers still live), which is where a wrong
+        kernel almost always shows; the other trials' files are compared at the end, mapped,
+        as before. That trial is not compared again at the end while its report is
+        unchanged (what the candidate wrote after its trials, it wrote; changing the file
+        later gains it nothing)."""
         free = self.files.out / protocol.DEVICE_FREE
         while cand.is_alive() and not (free.exists() and self.reference_idle(ref)):
             time.sleep(0.01)
@@ -355,14 +357,15 @@ class Evaluation:
                     and len(report.trials) == len(self.seeds):
                 plan = list(zip(self.seeds, self.kinds, strict=True))
                 go = True
-                for k, trial in enumerate(report.trials):
-                    if str(k) in reference.skipped:
-                        continue
-                    if verdict.trial_verdict(trial, k, plan, reference, self.files, self.opts.atol,
-                                             self.opts.rtol) is not None:
+                judged = [k for k in range(len(report.trials)) if str(k) not in reference.skipped]
+                for k in judged:
+                    whole = k == judged[0]
+                    if verdict.trial_verdict(report.trials[k], k, plan, reference, self.files, self.opts.atol,
+                                             self.opts.rtol, mapped=False, outputs=whole) is not None:
                         go = False
                         break
-                    self.trials_right[k] = trial
+                    if whole:
+                        self.trials_right[k] = report.trials[k]
         except Exception:  # (whatever could not be read is judged at the end)
             go = False
         self.details["profile_gate"] = "go" if go else "cancelled: a trial failed or could not be checked"

@@ -121,8 +121,11 @@ def correctness_verdict(run: sandbox.RunResult, report: CandidateReport | None, 
 
 
 def trial_verdict(trial: TrialReport, k: int, plan: list[tuple[int, str]], reference: ReferenceReport,
-                   files: RunLayout, atol: float, rtol: float) -> Verdict | None:
-    """What is wrong with one trial (None: nothing)."""
+                   files: RunLayout, atol: float, rtol: float, mapped: bool = True,
+                   outputs: bool = True) -> Verdict | None:
+    """What is wrong with one trial (None: nothing). `mapped=False` while the processes
+    that wrote its files may still live (see `load_tensors`); `outputs=False`: only what
+    its report says, no file read."""
 
     from cuda_agent.evaluator.compare import compare_devices, compare_outputs
 
@@ -150,16 +153,18 @@ def trial_verdict(trial: TrialReport, k: int, plan: list[tuple[int, str]], refer
         m = compare_devices(reference.structures[k], trial.structure)
         if m:
             return fail(record.INCORRECT, m.message, rule=m.rule)
+    if not outputs:
+        return None
     try:
-        expected = _load(files, files.expected(k))
-        got = _load(files, files.output(k))
+        expected = _load(files, files.expected(k), mapped)
+        got = _load(files, files.output(k), mapped)
     except Exception as exc:
         return fail(record.RUNTIME_ERROR, f"the candidate's outputs could not be read ({type(exc).__name__}: {exc}).")
     m = compare_outputs(expected, got, atol, rtol)
     if m:
         return fail(record.INCORRECT, m.message, rule=m.rule)
     try:
-        mutated = _mutated(_load(files, files.inputs(k)), _load(files, files.inputs_after(k)))
+        mutated = _mutated(_load(files, files.inputs(k), mapped), _load(files, files.inputs_after(k), mapped))
     except Exception as exc:
         return fail(record.RUNTIME_ERROR, f"the inputs after the call could not be read ({type(exc).__name__}: {exc}).")
     if mutated:
@@ -290,24 +295,27 @@ def _mutated(before: Any, after: Any) -> str:
     return ""
 
 
-def _load(files: RunLayout, path: Path) -> Any:
+def _load(files: RunLayout, path: Path, mapped: bool = True) -> Any:
     """Tensors from a file of the run directory, never through a link the writer made."""
-    return load_tensors(files.work, path)
+    return load_tensors(files.work, path, mapped)
 
 
-def load_tensors(root: Path, path: Path) -> Any:
+def load_tensors(root: Path, path: Path, mapped: bool = True) -> Any:
     """Tensors from a file below `root` (opened by `open_inside`), mapped rather than read
     when torch.save wrote it (the pages are read as they are compared: a large trial's
-    files are not copied into memory first). Only for files whose writer has ended: a
-    mapped file truncated meanwhile would fault."""
+    files are not copied into memory first). `mapped` only for files whose writer has
+    ended: a mapped file truncated meanwhile would fault (SIGBUS, in the trusted process);
+    a file read while its writer lives is read whole, and a change meanwhile at worst
+    makes it unreadable."""
     import torch
 
     with open_inside(root, path) as fh:
-        try:  # the file opened safely, mapped through its descriptor (never the path again)
-            return torch.load(f"/proc/self/fd/{fh.fileno()}", weights_only=True, mmap=True)
-        except Exception:  # not a zip-format file, or no /proc: read it as it is
-            fh.seek(0)
-            return torch.load(fh, weights_only=True)
+        if mapped:
+            try:  # the file opened safely, mapped through its descriptor (never the path again)
+                return torch.load(f"/proc/self/fd/{fh.fileno()}", weights_only=True, mmap=True)
+            except Exception:  # not a zip-format file, or no /proc: read it as it is
+                fh.seek(0)
+        return torch.load(fh, weights_only=True)
 
 
 def _types(structure: Any) -> str:
