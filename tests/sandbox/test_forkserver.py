@@ -158,3 +158,42 @@ def test_the_evaluators_servers_start(modules: str) -> None:
     env = build_env(processes.python_env("cpu", 2), sb.SandboxConfig(), "/tmp", "/tmp")
     server = forkserver.server_for(env, getattr(processes, modules))
     assert server is not None and server.alive(), forkserver._servers
+
+
+CALLER = """
+import sys, time
+from pathlib import Path
+from cuda_agent import sandbox as sb
+from cuda_agent.sandbox import forkserver
+work = Path(sys.argv[1])
+def run(module):
+    return sb.run([sys.executable, "-m", module], cwd=work, writable=[work], preload=("torch",))
+run("warm")
+server = [s for s in forkserver._servers.values() if isinstance(s, forkserver.Server)][0]
+(work / "server.txt").write_text(str(server._proc.pid))
+run("nap")
+"""
+
+
+def test_nothing_outlives_a_caller_that_dies(work: Path) -> None:
+    import subprocess
+    import time
+
+    (work / "warm.py").write_text("print('up')")
+    (work / "nap.py").write_text("import os, time\nopen('uid.txt', 'w').write(str(os.getuid()))\ntime.sleep(600)")
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(work)])
+    try:
+        end = time.monotonic() + 120
+        while not (work / "uid.txt").exists() and time.monotonic() < end and caller.poll() is None:
+            time.sleep(0.05)
+        uid, server = int((work / "uid.txt").read_text()), int((work / "server.txt").read_text())
+    finally:
+        caller.kill()
+        caller.wait()
+    end = time.monotonic() + 15
+    while time.monotonic() < end:
+        left = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) == uid]
+        if not left and not os.path.exists(f"/proc/{server}"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"left behind: the run's {left}, the server {os.path.exists(f'/proc/{server}')}")

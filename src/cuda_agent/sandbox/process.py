@@ -247,7 +247,9 @@ class Launch:
         if (not self.sandboxed or self.uid is None or _forking_disabled is not None or len(argv) < 3
                 or argv[:2] != [sys.executable, "-m"] or os.environ.get("CUDA_AGENT_FORKSERVER") == "0"):
             return
-        self.holder_argv = self._sandbox_prefix + ["/bin/sh", "-c", "echo up; exec sleep infinity"]
+        # (it lives until its stdin, a pipe only the caller holds, closes: with the caller,
+        # should the caller die without ending it)
+        self.holder_argv = self._sandbox_prefix + ["/bin/sh", "-c", "echo up; exec cat >/dev/null"]
         self.preload = preload
         self.fork_job = forkserver.Job(
             module=argv[2], args=argv[3:], env=dict(self.env), cwd=str(abs_path(cwd)), uid=self.uid,
@@ -432,7 +434,7 @@ class Launch:
         out, err = Capture(self.config.max_output_bytes), Capture(self.config.max_output_bytes)
         try:
             proc = subprocess.Popen(
-                self.holder_argv, cwd=self.popen_cwd, env=self.env, stdin=subprocess.DEVNULL,
+                self.holder_argv, cwd=self.popen_cwd, env=self.env, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 pass_fds=(self.info_w,) if self.info_w is not None else (), preexec_fn=self.preexec)
         except OSError:
@@ -520,7 +522,7 @@ class Launch:
             for fd in mine:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            for stream in (proc.stdout, proc.stderr):
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     with contextlib.suppress(OSError):
                         stream.close()
