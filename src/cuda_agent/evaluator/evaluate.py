@@ -335,6 +335,10 @@ class Evaluation:
         self.finish_baseline(base)
         self.gate_on_trials(ref, cand)
 
+    def trial_plan(self) -> list[tuple[int, str]]:
+        """Each trial's (seed, input distribution)."""
+        return list(zip(self.seeds, self.kinds, strict=True))
+
     def gate_on_trials(self, ref: threading.Thread, cand: threading.Thread) -> None:
         """Give the candidate the device for its profile once its trials look right, and
         cancel the profile when one does not: an incorrect solution is answered without
@@ -355,7 +359,7 @@ class Evaluation:
             report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
             if reference is not None and reference.ok and report is not None and report.verified \
                     and len(report.trials) == len(self.seeds):
-                plan = list(zip(self.seeds, self.kinds, strict=True))
+                plan = self.trial_plan()
                 go = True
                 judged = [k for k in range(len(report.trials)) if str(k) not in reference.skipped]
                 for k in judged:
@@ -484,7 +488,7 @@ class Evaluation:
             self.skipped, self.timing_sets = reference.skipped, reference.timing_sets
             report = CandidateReport.read(self.files.candidate_report, inside=self.files.work)
             v = verdict.correctness_verdict(cand["run"], report, protocol.Progress.read(self.files.progress, inside=self.files.work),
-                                            reference, self.files, list(zip(self.seeds, self.kinds, strict=True)),
+                                            reference, self.files, self.trial_plan(),
                                             self.opts.atol, self.opts.rtol, self.opts.run_timeout_s,
                                             right=self.trials_right)
             self.mark("outputs checked")

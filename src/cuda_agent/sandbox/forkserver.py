@@ -289,7 +289,7 @@ class Job:
 def _log_file() -> Any:
     """Where a server's own stderr goes: CUDA_AGENT_FORKSERVER_LOG (appended), else nowhere."""
     path = os.environ.get("CUDA_AGENT_FORKSERVER_LOG")
-    return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 (the child holds it)
+    return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 (closed once the server has it)
 
 
 class ServerError(RuntimeError):
@@ -303,14 +303,17 @@ class Server:
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
+        log = _log_file()
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from cuda_agent.sandbox.forkserver import run_server; "
                  "sys.exit(run_server(int(sys.argv[1]), sys.argv[2:]))", str(theirs.fileno()), *preload],
                 env=dict(env), cwd="/", pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=_log_file(), start_new_session=True)
+                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         finally:
             theirs.close()
+            if log is not subprocess.DEVNULL:
+                log.close()  # (the server holds its own copy)
         ours.settimeout(_START_TIMEOUT_S)
         try:
             hello = json.loads(ours.recv(65536) or b"{}")

@@ -157,7 +157,7 @@ class Launch:
         try:
             launch._setup(list(argv), cwd, writable, readonly, env, bwrap, features)
             if preload:
-                launch._plan_fork(list(argv), tuple(preload), cwd, limits=launch._limits)
+                launch._plan_fork(list(argv), tuple(preload), cwd)
             yield launch
         finally:
             launch._cleanup()
@@ -240,7 +240,7 @@ class Launch:
         self._groups = groups if root else []
         self._sandbox_prefix = prefix + args + inner
 
-    def _plan_fork(self, argv: list[str], preload: tuple[str, ...], cwd: Path, limits: Mapping[int, int]) -> None:
+    def _plan_fork(self, argv: list[str], preload: tuple[str, ...], cwd: Path) -> None:
         """Run `python -m MODULE ARGS` through a fork server, where one can be used: the
         sandbox as root (its holder is dropped to the run's uid like any command), no
         forking disabled in this process."""
@@ -253,7 +253,7 @@ class Launch:
         self.preload = preload
         self.fork_job = forkserver.Job(
             module=argv[2], args=argv[3:], env=dict(self.env), cwd=str(abs_path(cwd)), uid=self.uid,
-            groups=list(self._groups), rlimits=dict(limits),
+            groups=list(self._groups), rlimits=dict(self._limits),
             cgroup_procs=self.cgroup.procs_files if self.cgroup is not None else [])
 
     def _cleanup(self) -> None:
