@@ -168,7 +168,8 @@ def test_loose_subjects_need_only_the_loose_interval() -> None:
     import random
 
     rng = random.Random(0)
-    subjects = {"steady": lambda a: time.sleep(0.001), "noisy": lambda a: time.sleep(rng.uniform(0.0002, 0.01))}
+    # (steady at 5 ms: a 1 ms sleep woke late enough under the full suite to stay outside 5% for 62 rounds)
+    subjects = {"steady": lambda a: time.sleep(0.005), "noisy": lambda a: time.sleep(rng.uniform(0.0002, 0.01))}
     p = timing.Protocol(warmup=1, min_iters=10, max_iters=100, target_rel_ci=0.05, loose_rel_ci=2.0, budget_s=60)
     spent: dict[str, float] = {}
     timing.measure(subjects, [[torch.zeros(1)]], "cpu", p, spent_s=spent, loose=["noisy"])
